@@ -16,6 +16,9 @@ class Verdict(str, Enum):
     REUSED = "reused"
     SILENT = "silent"
     NOT_EVICTED = "not_evicted"
+    # Evicted, but no tier evidence and a latency signal too weak to call (short cold prefill,
+    # or a ratio between the bands): saying "silent" here would wake someone for nothing.
+    INCONCLUSIVE = "inconclusive"
     DEVICE_CACHE_BROKEN = "device_cache_broken"
     HICACHE_DISABLED = "hicache_disabled"
     SKIPPED_BUSY = "skipped_busy"
@@ -67,6 +70,28 @@ class Tier(str, Enum):
     DEVICE = "device"
     HOST = "host"
     STORAGE = "storage"
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """Per-target knobs of one probe (built from the validated config by config.py)."""
+
+    target: str
+    # Longer than SGLang's usual chunked_prefill_size (4096-8192) so the chunked path, where
+    # write_through loses backups, is exercised; a fraction of the report's 40K so a probe costs
+    # seconds, not a quarter of a minute, of prefill. Clamped to the server's max_req_input_len.
+    context_tokens: int = 16384
+    api: str = "auto"  # auto | native | openai
+    max_pressure_tokens: int | None = None  # cap on synthetic filler per probe (None: 4x device pool)
+    pressure_chunk_tokens: int | None = None  # None: the server's chunked_prefill_size, else 8192
+    passive_wait_s: float = 60.0  # how long to let the server's own traffic do the eviction
+    busy_queue_threshold: int = 2  # skip (skipped_busy) when sglang:num_queue_reqs is above this
+    busy_running_threshold: int | None = None  # and/or when num_running_reqs is above this
+    host_hit_threshold: float = 0.5  # rehost host-cached share at or above which R counts as reused
+    min_cold_latency_s: float = 1.0  # below this a latency ratio alone never decides
+    dp_rank: int | None = None  # pin to this DP rank (None: rotate when dp_size > 1)
+    timeout_s: float = 300.0  # per request; a cold 40K prefill takes ~15 s on the report's GPU
+    poll_interval_s: float = 1.0  # counter polling while waiting for eviction
 
 
 @dataclass(frozen=True)
