@@ -1,0 +1,415 @@
+"""Exporter config: YAML + environment -> validated, immutable `Settings`.
+
+Everything is checked before anything starts (blackbox's `--config.check` discipline): unknown keys,
+URLs, sizes, durations, duplicate names, unreadable secret files. Every problem becomes ONE line
+naming its YAML path (`targets[1].url: ...`), and all of them are reported at once in a
+`ConfigError`. Secrets are resolved here and kept in `SecretStr`, so a repr or a log line never
+shows them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from .models import ProbeSettings
+
+DEFAULT_PORT = 9807
+NAME_RE = re.compile(r"^[a-z0-9_.-]{1,63}$")
+
+
+_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
+_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any, *, allow_zero: bool = False) -> float:
+    """`30s`, `10m`, `1h30m`, `500ms` or a number of seconds -> seconds (float)."""
+    if isinstance(value, bool):
+        raise ValueError("must be a duration like 30s, 10m, 1h or a number of seconds")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str) and _DURATION_RE.match(value.strip()):
+        seconds = sum(float(n) * _UNIT[u] for n, u in _PART_RE.findall(value.strip()))
+    elif isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?", value.strip()):
+        seconds = float(value)
+    else:
+        raise ValueError(f"{value!r} is not a duration (use 30s, 10m, 1h or a number of seconds)")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValueError("must be a positive duration")
+    return seconds
+
+
+class ConfigError(Exception):
+    """A config that must not be used. `str()` is one line per problem, each naming its path."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def _duration(value: Any) -> float:
+    return parse_duration(value)
+
+
+Duration = Annotated[float, BeforeValidator(_duration)]
+PositiveInt = Annotated[int, Field(gt=0, strict=False)]
+NonNegInt = Annotated[int, Field(ge=0)]
+Ratio = Annotated[float, Field(gt=0, le=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TargetFields(_Strict):
+    """Every per-target knob; each may also be set under `defaults`."""
+
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+    interval: Duration | None = None
+    context_tokens: PositiveInt | None = None
+    max_pressure_tokens: PositiveInt | None = None
+    pressure_chunk_tokens: PositiveInt | None = None
+    busy_queue_threshold: NonNegInt | None = None
+    busy_running_threshold: NonNegInt | None = None
+    token_budget_per_hour: PositiveInt | None = None
+    api: Literal["auto", "native", "openai"] | None = None
+    request_timeout: Duration | None = None
+    passive_wait: Annotated[float, BeforeValidator(lambda v: parse_duration(v, allow_zero=True))] | None = None
+    poll_interval: Duration | None = None
+    min_cold_latency: Annotated[float, BeforeValidator(lambda v: parse_duration(v, allow_zero=True))] | None = None
+    host_hit_threshold: Ratio | None = None
+    dp_rank: NonNegInt | None = None
+
+
+class TargetConfig(TargetFields):
+    name: str
+    url: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"{v!r} is not a valid name (use 1-63 of a-z 0-9 _ . -)")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return validate_url(v)
+
+
+class Listen(_Strict):
+    host: str = Field(default="", min_length=0)
+    port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_PORT
+
+
+class DockerDiscoveryConfig(_Strict):
+    enabled: bool = False
+    socket: str = "unix:///var/run/docker.sock"
+    label: str = "hicache-canary.enable=true"
+    url_label: str = "hicache-canary.url"
+    name_label: str = "hicache-canary.name"
+    port: Annotated[int, Field(ge=1, le=65535)] = 30000
+    refresh: Duration = 60.0
+
+
+class DiscoveryConfig(_Strict):
+    docker: DockerDiscoveryConfig = DockerDiscoveryConfig()
+
+
+class ConfigFile(_Strict):
+    listen: Listen = Listen()
+    probe_api_token_env: str | None = None
+    probe_api_token_file: str | None = None
+    defaults: TargetFields = TargetFields()
+    targets: list[TargetConfig] = []
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    max_concurrent_probes: Annotated[int, Field(ge=1)] = 4
+    history_limit: Annotated[int, Field(ge=1, le=10000)] = 100
+
+
+# Built-in values for anything neither the target nor `defaults` sets.
+BUILTIN: dict[str, Any] = {
+    "interval": 900.0,
+    "context_tokens": 16384,
+    "token_budget_per_hour": 2_000_000,
+    "busy_queue_threshold": 2,
+    "api": "auto",
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One resolved target: what the scheduler needs, secrets already read."""
+
+    name: str
+    url: str
+    api_key: SecretStr | None
+    interval_s: float
+    token_budget_per_hour: int
+    probe: ProbeSettings
+    source: str = "config"  # config | env | docker
+
+    def summary(self) -> dict[str, Any]:
+        """What /api/targets and the status page may show: never the key itself."""
+        p = self.probe
+        return {
+            "name": self.name,
+            "url": self.url,
+            "source": self.source,
+            "api_key": "set" if self.api_key else "none",
+            "interval_seconds": self.interval_s,
+            "token_budget_per_hour": self.token_budget_per_hour,
+            "context_tokens": p.context_tokens,
+            "api": p.api,
+            "max_pressure_tokens": p.max_pressure_tokens,
+            "busy_queue_threshold": p.busy_queue_threshold,
+            "busy_running_threshold": p.busy_running_threshold,
+        }
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen_host: str
+    listen_port: int
+    probe_api_token: SecretStr | None
+    targets: tuple[Target, ...]
+    defaults: TargetFields
+    default_api_key: SecretStr | None
+    docker: DockerDiscoveryConfig | None
+    max_concurrent_probes: int = 4
+    history_limit: int = 100
+    source: str = "<env>"
+
+    def secrets(self) -> list[str]:
+        """Every secret value in use, for scrubbing text before it leaves the process."""
+        vals = [self.probe_api_token, self.default_api_key, *(t.api_key for t in self.targets)]
+        return [v.get_secret_value() for v in vals if v is not None and v.get_secret_value()]
+
+    def target_from_defaults(self, name: str, url: str, source: str) -> Target:
+        """A target made only from `defaults` (used by discovery)."""
+        return _resolve_target(name, url, self.defaults, TargetFields(), self.default_api_key, None, source)
+
+
+def validate_url(v: str) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(v)
+        port = parts.port  # raises on a bad port
+    except ValueError as exc:
+        raise ValueError(f"not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("must start with http:// or https://")
+    if not parts.hostname:
+        raise ValueError("has no host")
+    if parts.username or parts.password:
+        # credentials in a URL end up in logs and /api/targets; use api_key_env / api_key_file
+        raise ValueError("must not contain credentials (use api_key_env or api_key_file)")
+    if parts.query or parts.fragment:
+        raise ValueError("must not have a query or fragment")
+    del port
+    return v.rstrip("/")
+
+
+def in_container() -> bool:
+    return Path("/.dockerenv").exists() or Path("/run/.containerenv").exists()
+
+
+def _read_secret(path: str, where: str, problems: list[str]) -> SecretStr | None:
+    try:
+        value = Path(path).read_text().strip()
+    except OSError as exc:
+        problems.append(f"{where}: cannot read {path}: {exc.strerror or exc}")
+        return None
+    if not value:
+        problems.append(f"{where}: {path} is empty")
+        return None
+    return SecretStr(value)
+
+
+def _resolve_key(fields: TargetFields, where: str, env: Mapping[str, str], problems: list[str]) -> SecretStr | None:
+    if fields.api_key_env and fields.api_key_file:
+        problems.append(f"{where}: set api_key_env or api_key_file, not both")
+        return None
+    if fields.api_key_file:
+        return _read_secret(fields.api_key_file, f"{where}.api_key_file", problems)
+    if fields.api_key_env:
+        value = env.get(fields.api_key_env)
+        if value is None:
+            problems.append(f"{where}.api_key_env: environment variable {fields.api_key_env} is not set")
+            return None
+        # An empty variable (compose's `${SGLANG_API_KEY:-}`) means: this server needs no key.
+        return SecretStr(value) if value else None
+    return None
+
+
+def _resolve_target(
+    name: str,
+    url: str,
+    defaults: TargetFields,
+    own: TargetFields,
+    default_key: SecretStr | None,
+    own_key: SecretStr | None,
+    source: str,
+) -> Target:
+    merged: dict[str, Any] = dict(BUILTIN)
+    merged.update({k: getattr(defaults, k) for k in defaults.model_fields_set})
+    merged.update({k: getattr(own, k) for k in own.model_fields_set})
+    # A target naming its own key source replaces the default one entirely.
+    own_sets_key = bool({"api_key_env", "api_key_file"} & own.model_fields_set)
+    key = own_key if own_sets_key else default_key
+    probe = ProbeSettings(target=name, context_tokens=merged["context_tokens"], api=merged["api"])
+    optional = {
+        "max_pressure_tokens": "max_pressure_tokens",
+        "pressure_chunk_tokens": "pressure_chunk_tokens",
+        "busy_queue_threshold": "busy_queue_threshold",
+        "busy_running_threshold": "busy_running_threshold",
+        "host_hit_threshold": "host_hit_threshold",
+        "dp_rank": "dp_rank",
+        "request_timeout": "timeout_s",
+        "passive_wait": "passive_wait_s",
+        "poll_interval": "poll_interval_s",
+        "min_cold_latency": "min_cold_latency_s",
+    }
+    probe = replace(probe, **{dst: merged[src] for src, dst in optional.items() if merged.get(src) is not None})
+    return Target(
+        name=name,
+        url=url,
+        api_key=key,
+        interval_s=float(merged["interval"]),
+        token_budget_per_hour=int(merged["token_budget_per_hour"]),
+        probe=probe,
+        source=source,
+    )
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-", "constrained-", "literal[")):
+            continue  # pydantic's internal validator steps, meaningless to a user
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _message(err: Mapping[str, Any]) -> str:
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required"
+    msg = str(err.get("msg", "invalid"))
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):]
+    return msg.splitlines()[0]
+
+
+def _env_overrides(doc: dict[str, Any], env: Mapping[str, str], problems: list[str]) -> dict[str, Any]:
+    """Apply HICACHE_CANARY_* variables to the raw document, so they get the same validation."""
+    doc = dict(doc)
+    url = env.get("HICACHE_CANARY_TARGET_URL")
+    if url:
+        name = env.get("HICACHE_CANARY_TARGET_NAME") or "sglang"
+        targets = [t for t in (doc.get("targets") or []) if not (isinstance(t, dict) and t.get("name") == name)]
+        kept = next((t for t in (doc.get("targets") or []) if isinstance(t, dict) and t.get("name") == name), {})
+        targets.append({**kept, "name": name, "url": url})
+        doc["targets"] = targets
+    for var, key in (("HICACHE_CANARY_INTERVAL", "interval"), ("HICACHE_CANARY_CONTEXT_TOKENS", "context_tokens")):
+        if env.get(var):
+            # env wins over the file: it is how an operator overrides a mounted config
+            doc["defaults"] = {**(doc.get("defaults") or {}), key: env[var]}
+            doc["targets"] = [({**t, key: env[var]} if isinstance(t, dict) else t) for t in (doc.get("targets") or [])]
+    port = env.get("HICACHE_CANARY_LISTEN_PORT")
+    if port:
+        if not port.isdigit():
+            problems.append(f"HICACHE_CANARY_LISTEN_PORT: {port!r} is not a port number")
+        else:
+            doc["listen"] = {**(doc.get("listen") or {}), "port": int(port)}
+    return doc
+
+
+def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read config: {exc.strerror or exc}"]) from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError([f"{path}:{where}: {problem}"]) from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError([f"{path}: the top level must be a mapping, not {type(doc).__name__}"])
+    return doc
+
+
+def load_settings(path: str | os.PathLike[str] | None, env: Mapping[str, str] = os.environ) -> Settings:
+    """Read, override from env, validate and resolve; raise ConfigError listing every problem."""
+    problems: list[str] = []
+    doc = _read_yaml(path) if path else {}
+    doc = _env_overrides(doc, env, problems)
+    try:
+        cfg = ConfigFile.model_validate(doc)
+    except ValidationError as exc:
+        problems += [f"{_loc(e['loc'])}: {_message(e)}" for e in exc.errors()]
+        raise ConfigError(problems) from None
+
+    seen: dict[str, int] = {}
+    for i, t in enumerate(cfg.targets):
+        if t.name in seen:
+            problems.append(f"targets[{i}].name: duplicate name {t.name!r} (also targets[{seen[t.name]}])")
+        seen.setdefault(t.name, i)
+    docker = cfg.discovery.docker if cfg.discovery.docker.enabled else None
+    if not cfg.targets and docker is None:
+        problems.append("targets: at least one target is required (or set HICACHE_CANARY_TARGET_URL, or enable discovery.docker)")
+
+    token: SecretStr | None = None
+    if cfg.probe_api_token_env and cfg.probe_api_token_file:
+        problems.append("probe_api_token_env: set probe_api_token_env or probe_api_token_file, not both")
+    elif cfg.probe_api_token_file:
+        token = _read_secret(cfg.probe_api_token_file, "probe_api_token_file", problems)
+    else:
+        # No token, no probe endpoint (it answers 403): an unset variable is not an error.
+        value = env.get(cfg.probe_api_token_env or "HICACHE_CANARY_API_TOKEN", "")
+        token = SecretStr(value) if value else None
+
+    default_key = _resolve_key(cfg.defaults, "defaults", env, problems)
+    targets = []
+    for i, t in enumerate(cfg.targets):
+        own_key = _resolve_key(t, f"targets[{i}]", env, problems)
+        source = "env" if env.get("HICACHE_CANARY_TARGET_URL") and t.name == (env.get("HICACHE_CANARY_TARGET_NAME") or "sglang") else "config"
+        targets.append(_resolve_target(t.name, t.url, cfg.defaults, t, default_key, own_key, source))
+    if problems:
+        raise ConfigError(problems)
+
+    host = cfg.listen.host or ("0.0.0.0" if in_container() else "127.0.0.1")
+    return Settings(
+        listen_host=host,
+        listen_port=cfg.listen.port,
+        probe_api_token=token,
+        targets=tuple(targets),
+        defaults=cfg.defaults,
+        default_api_key=default_key,
+        docker=docker,
+        max_concurrent_probes=cfg.max_concurrent_probes,
+        history_limit=cfg.history_limit,
+        source=str(path) if path else "<env>",
+    )

@@ -1,0 +1,43 @@
+"""`hicache-canary check-config FILE`: validate an exporter config and exit.
+
+Exit 0 with a one-line summary, or 2 with one line per problem (never a traceback), the same
+check `serve` runs before it starts anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .config import ConfigError, Settings, load_settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", metavar="FILE", help="exporter config (YAML); HICACHE_CANARY_* env overrides apply")
+
+
+def summary(settings: Settings) -> str:
+    names = ", ".join(t.name for t in settings.targets) or "none"
+    docker = "docker discovery on" if settings.docker else "no discovery"
+    api = "probe API enabled" if settings.probe_api_token else "probe API disabled (no token)"
+    return (
+        f"config OK: {len(settings.targets)} target(s) ({names}), {docker}, "
+        f"listen {settings.listen_host}:{settings.listen_port}, {api}"
+    )
+
+
+def report(exc: ConfigError) -> None:
+    """One line per problem on stderr, nothing else: easy to read in `docker logs` and to grep."""
+    for line in exc.problems:
+        print(line, file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(args.config, os.environ)
+    except ConfigError as exc:
+        report(exc)
+        return 2
+    print(summary(settings))
+    return 0
