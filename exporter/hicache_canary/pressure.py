@@ -1,0 +1,161 @@
+"""How much eviction pressure a probe needs, and when it has done its job. Pure: no IO, no clock.
+
+SGLang's device radix cache evicts least-recently-used evictable leaves only when an allocation finds
+no free slot. Right after R's cold prefill, R is the most recently used entry, so new allocations
+first consume the free slots, then evict every evictable entry older than R, then R itself:
+
+    need = kv_available_after_cold + kv_evictable_older_than_R + R      (page-aligned up)
+
+where `kv_evictable_older_than_R = kv_evictable_tokens - R` read right after the cold request
+(R is evictable then). Before R is planted the same sum is `kv_available + kv_evictable`. Without
+those gauges (0.5.17) the bound is the whole device pool, `max_total_num_tokens`: nothing can hold
+more slots than that.
+
+Eviction is *confirmed* only from SGLang's `evicted_tokens_total`: its delta since R was planted must
+reach `kv_evictable_older_than_R + R` (with gauges) or a whole device pool (without them). A host
+backup of R is not used as proof: under write_through R is backed up at insert time, long before it
+leaves the device. Filler stops as soon as eviction is confirmed.
+
+Turnover since R was planted, ours and the server's alike, is the allocation volume
+`(kv_available_then - kv_available_now)+ + evicted_tokens delta`; without the gauges it falls back to
+uncached prompt tokens (`prompt_tokens_total` minus `cached_tokens_total` deltas). What the server's
+own traffic contributes (turnover minus our filler) is credited as passive pressure.
+
+Filler is sent in chunks of `pressure_chunk_tokens`, else the server's `chunked_prefill_size` (one
+prefill pass each, so cheap), else 8192; never above `max_req_input_len` and never above a quarter of
+the device pool. Synthetic filler per probe is capped by `max_pressure_tokens` (default: 4x pool).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .models import CounterSnapshot, ProbeSettings, ServerFacts
+
+CONTEXT_MARGIN_TOKENS = 64  # room under max_req_input_len for the generated token and specials
+DEFAULT_CHUNK_TOKENS = 8192
+DEFAULT_CAP_POOLS = 4
+MIN_CONTEXT_TOKENS = 16
+
+
+def align_up(n: float, page: int) -> int:
+    page = max(1, page)
+    return int(math.ceil(max(0.0, n) / page) * page)
+
+
+def align_down(n: float, page: int) -> int:
+    page = max(1, page)
+    return int(max(0.0, n) // page * page)
+
+
+def clamp_context(settings: ProbeSettings, facts: ServerFacts) -> int:
+    """R's length: the asked-for context, within the server's input limit and half its device pool."""
+    limit = settings.context_tokens
+    if facts.max_req_input_len:
+        limit = min(limit, facts.max_req_input_len - CONTEXT_MARGIN_TOKENS)
+    if facts.max_total_num_tokens:
+        limit = min(limit, facts.max_total_num_tokens // 2)
+    return max(0, limit)
+
+
+def cached_len(r_tokens: int, page_size: int) -> int:
+    """Tokens of an R-token prompt that the radix tree keeps (whole pages of all but the last token)."""
+    return align_down(max(0, r_tokens - 1), page_size)
+
+
+def chunk_tokens(settings: ProbeSettings, facts: ServerFacts) -> int:
+    chunk = settings.pressure_chunk_tokens or facts.chunked_prefill_size or DEFAULT_CHUNK_TOKENS
+    if chunk <= 0:  # chunked prefill disabled on the server (-1)
+        chunk = DEFAULT_CHUNK_TOKENS
+    if facts.max_req_input_len:
+        chunk = min(chunk, facts.max_req_input_len - CONTEXT_MARGIN_TOKENS)
+    if facts.max_total_num_tokens:
+        chunk = min(chunk, facts.max_total_num_tokens // 4)
+    return max(facts.page_size or 1, align_down(chunk, facts.page_size or 1))
+
+
+def _pool(facts: ServerFacts, snap: CounterSnapshot | None) -> int | None:
+    if snap is not None and snap.max_total_num_tokens:
+        return int(snap.max_total_num_tokens)
+    return facts.max_total_num_tokens
+
+
+@dataclass(frozen=True)
+class PressurePlan:
+    need_tokens: int  # turnover that pushes R out
+    evict_target: int  # evicted_tokens_total delta that confirms R is gone
+    chunk_tokens: int
+    cap_tokens: int  # most synthetic filler we may send
+    from_gauges: bool  # False: sized from max_total_num_tokens (gauges absent)
+
+
+def plan_pressure(settings: ProbeSettings, facts: ServerFacts, after_cold: CounterSnapshot | None, r_tokens: int) -> PressurePlan:
+    """Size the pressure from the counters read right after R's cold request."""
+    page = facts.page_size or 1
+    r = cached_len(r_tokens, page)
+    pool = _pool(facts, after_cold) or 0
+    chunk = chunk_tokens(settings, facts)
+    if after_cold is not None and after_cold.kv_available_tokens is not None and after_cold.kv_evictable_tokens is not None:
+        older = max(0.0, after_cold.kv_evictable_tokens - r)
+        need = align_up(after_cold.kv_available_tokens + older + r, page)
+        target = align_up(older + r, page)
+        from_gauges = True
+    else:
+        need = align_up(pool or r, page)
+        target = need
+        from_gauges = False
+    cap = settings.max_pressure_tokens if settings.max_pressure_tokens is not None else DEFAULT_CAP_POOLS * max(pool, need)
+    return PressurePlan(need_tokens=need, evict_target=target, chunk_tokens=chunk, cap_tokens=max(0, cap), from_gauges=from_gauges)
+
+
+def _d(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else b - a
+
+
+def turnover(planted: CounterSnapshot | None, now: CounterSnapshot | None) -> float | None:
+    """Device-pool allocations since R was planted (everyone's); None when nothing tells."""
+    if planted is None or now is None:
+        return None
+    evicted = _d(planted.evicted_tokens, now.evicted_tokens)
+    free_used = _d(now.kv_available_tokens, planted.kv_available_tokens)
+    if evicted is not None and free_used is not None:
+        return max(0.0, free_used) + max(0.0, evicted)
+    prompt = _d(planted.prompt_tokens, now.prompt_tokens)
+    if prompt is None:
+        return max(0.0, evicted) if evicted is not None else None
+    cached = _d(sum((planted.cached_tokens or {}).values()), sum((now.cached_tokens or {}).values()))
+    return max(0.0, prompt - max(0.0, cached or 0.0))
+
+
+def eviction_confirmed(planted: CounterSnapshot | None, now: CounterSnapshot | None, plan: PressurePlan) -> bool:
+    evicted = _d(planted.evicted_tokens if planted else None, now.evicted_tokens if now else None)
+    return evicted is not None and evicted >= plan.evict_target
+
+
+def should_wait_passively(rate_tokens_per_s: float, remaining_tokens: float, passive_wait_s: float) -> bool:
+    """Let the server's own traffic do the eviction when it will within the wait budget."""
+    if remaining_tokens <= 0:
+        return True
+    return rate_tokens_per_s > 0 and remaining_tokens / rate_tokens_per_s <= passive_wait_s
+
+
+def next_chunk(plan: PressurePlan, remaining_tokens: float, synthetic_sent: int, page_size: int) -> int:
+    """Size of the next filler request: the remainder (page-aligned up), at most a chunk and the cap."""
+    left_in_cap = plan.cap_tokens - synthetic_sent
+    # Past the planned turnover but not yet confirmed (refreshed entries, lagging gauges): whole chunks.
+    want = align_up(remaining_tokens, page_size or 1) if remaining_tokens > 0 else plan.chunk_tokens
+    return max(0, min(plan.chunk_tokens, want, left_in_cap))
+
+
+def estimate_probe_tokens(settings: ProbeSettings, facts: ServerFacts, snapshot: CounterSnapshot | None) -> int:
+    """Prompt tokens a probe will send on an idle server: R three times plus the filler (budget check)."""
+    r = clamp_context(settings, facts)
+    page = facts.page_size or 1
+    if snapshot is not None and snapshot.kv_available_tokens is not None and snapshot.kv_evictable_tokens is not None:
+        need = align_up(snapshot.kv_available_tokens + snapshot.kv_evictable_tokens, page)
+    else:
+        need = align_up(_pool(facts, snapshot) or r, page)
+    pool = _pool(facts, snapshot) or need
+    cap = settings.max_pressure_tokens if settings.max_pressure_tokens is not None else DEFAULT_CAP_POOLS * max(pool, need)
+    return 3 * r + min(need, cap)

@@ -1,0 +1,305 @@
+"""Pure decision: one probe record -> verdict, suspected cause and a one-sentence evidence.
+
+No IO, no clock. The rules (also in docs/verdicts.md), in the order they are tried:
+
+0. Outcomes decided before any token was sent pass through: an error reason -> `error`;
+   HiCache off -> `hicache_disabled`; a preset `skipped_busy` / `skipped_budget` stays.
+1. Per-request tier details (`cached_tokens_details` of R's rehost and again requests):
+   - again served from device for less than half of R's cacheable tokens -> `device_cache_broken`
+     (R was just prefilled twice; a working radix cache must hit it).
+   - rehost served from device for at least half of R -> `not_evicted` (pressure too small).
+   - rehost host share >= `host_hit_threshold` -> `reused` (a partial hit is reported with its fraction).
+   - otherwise R left the device (the details prove it) and came back mostly by prefill -> `silent`.
+2. SGLang's counter deltas over the rehost request (`cached_tokens_total{cache_source}`, else
+   `prefill_effective_tokens_total{mode}`, else `load_back_tokens_total`): the same thresholds, but
+   `silent` additionally needs eviction confirmed by `evicted_tokens_total` (see pressure.py).
+3. Latency ratio, only when 1 and 2 are missing: eviction must be confirmed, the cold prefill must
+   take at least `min_cold_latency_s` and the again request must be well below cold (ratio < 0.3),
+   proving that prefill cost is visible. Then rehost/cold > 0.7 -> `silent`, < 0.3 -> `reused`,
+   between -> `inconclusive`. A short cold prefill never yields `silent`: on a live 0.5.17 a full host
+   hit was slower than the cold prefill it replaced.
+   Without tier evidence, unconfirmed eviction -> `not_evicted`, never `silent`.
+
+Suspected cause of `silent` (counter deltas over the probe; first match wins):
+- `chunked_prefill_not_backed_up`: write_through, R longer than `chunked_prefill_size`, and the
+  KV backups between R's cold send and the start of pressure are below half of R.
+- `host_pool_pressure`: `hicache_dropped_tokens_total` grew, or the host KV pool (>= 98 %) or the
+  host Mamba pool was full when R was re-sent.
+- `mamba_state_not_backed_up`: hybrid model, KV backed up (>= half of R) but the Mamba backups are 0
+  or below a quarter of the contexts we inserted (R plus each filler request).
+- `load_back_skipped`: KV and Mamba backed up, host not full, yet the rehost loaded nothing back.
+- `unknown`: none of the above, or the counters needed are missing (0.5.17 has no backup counter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .models import (
+    Cause,
+    CounterSnapshot,
+    ErrorReason,
+    Phase,
+    ProbeRecord,
+    ProbeSettings,
+    ServerFacts,
+    StepRecord,
+    Verdict,
+)
+
+DEVICE_SHARE_NOT_EVICTED = 0.5  # rehost device share at/above this: R never left the device
+DEVICE_SHARE_AGAIN_OK = 0.5  # again device share below this: the device cache itself is broken
+LATENCY_SILENT_RATIO = 0.7
+LATENCY_REUSED_RATIO = 0.3
+AGAIN_VISIBLE_RATIO = 0.3  # again/cold below this proves prefill cost shows in latency
+HOST_FULL_SHARE = 0.98
+MAMBA_BACKUP_SHARE = 0.25
+KV_BACKUP_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    cause: Cause = Cause.NONE
+    reason: ErrorReason | None = None
+    evidence: str = ""
+    host_fraction: float | None = None
+    rehost_cold_ratio: float | None = None
+
+
+def cacheable_tokens(record: ProbeRecord) -> int:
+    """Tokens of R the radix cache can hold: what `again` hit, else R page-aligned down (minus the last)."""
+    again = record.step(Phase.AGAIN)
+    if again and again.cached and again.cached.total > 0:
+        return again.cached.total
+    cold = record.step(Phase.COLD)
+    length = (cold.prompt_tokens if cold and cold.prompt_tokens else record.context_tokens) or 0
+    page = max(1, record.server.page_size if record.server else 1)
+    return max(1, ((length - 1) // page) * page)
+
+
+def _delta(before: float | None, after: float | None) -> float | None:
+    if before is None or after is None:
+        return None
+    return max(0.0, after - before)
+
+
+def _child(d: dict[str, float] | None, key: str, family_seen: bool) -> float | None:
+    """A labelled child; absent child of a present family counts as 0 (SGLang creates it lazily)."""
+    if d is not None and key in d:
+        return d[key]
+    return 0.0 if family_seen else None
+
+
+def _sum(d: dict[str, float] | None) -> float | None:
+    return None if d is None else sum(d.values())
+
+
+def _labelled_delta(before: CounterSnapshot | None, after: CounterSnapshot | None, attr: str, key: str, family: str) -> float | None:
+    if before is None or after is None:
+        return None
+    seen_b = family in before.families or getattr(before, attr) is not None
+    seen_a = family in after.families or getattr(after, attr) is not None
+    return _delta(_child(getattr(before, attr), key, seen_b), _child(getattr(after, attr), key, seen_a))
+
+
+def _has_tier_labels(snap: CounterSnapshot | None) -> bool:
+    return bool(snap and snap.cached_tokens and any(k in ("device", "host") for k in snap.cached_tokens))
+
+
+@dataclass(frozen=True)
+class TierCounts:
+    device: float | None
+    host: float
+    source: str
+
+
+def counter_tiers(step: StepRecord | None) -> TierCounts | None:
+    """Host (and device) cached tokens over one step from SGLang's counters, best family first."""
+    if step is None or step.before is None or step.after is None:
+        return None
+    b, a = step.before, step.after
+    if _has_tier_labels(b) or _has_tier_labels(a):
+        host = _labelled_delta(b, a, "cached_tokens", "host", "cached_tokens_total")
+        dev = _labelled_delta(b, a, "cached_tokens", "device", "cached_tokens_total")
+        if host is not None:
+            return TierCounts(dev, host, "cached_tokens_total{cache_source}")
+    if b.prefill_effective_tokens is not None and a.prefill_effective_tokens is not None:
+        host = _labelled_delta(b, a, "prefill_effective_tokens", "host_hit", "prefill_effective_tokens_total")
+        dev = _labelled_delta(b, a, "prefill_effective_tokens", "device_hit", "prefill_effective_tokens_total")
+        if host is not None:
+            return TierCounts(dev, host, "prefill_effective_tokens_total{mode}")
+    # load_back_* appears only after its first increment: trust its absence as 0 only where the same
+    # radix collector evidently exists (its backup counter is there).
+    lb_seen = lambda s: s.load_back_tokens is not None or "load_back_tokens_total" in s.families  # noqa: E731
+    radix = lambda s: s.backup_tokens is not None or "hicache_backup_tokens_total" in s.families  # noqa: E731
+    if (lb_seen(b) or radix(b)) and (lb_seen(a) or radix(a)):
+        host = _delta(_sum(b.load_back_tokens) or 0.0, _sum(a.load_back_tokens) or 0.0)
+        return TierCounts(None, host or 0.0, "load_back_tokens_total")
+    return None
+
+
+def eviction_confirmed(record: ProbeRecord) -> bool:
+    return bool(record.pressure.eviction_confirmed)
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.0f}%"
+
+
+def _first_before(record: ProbeRecord) -> CounterSnapshot | None:
+    for s in record.steps:
+        if s.before is not None:
+            return s.before
+    return None
+
+
+def suspect_cause(record: ProbeRecord) -> tuple[Cause, str]:
+    """Why a silent probe was silent, from counter deltas; returns the cause and a short clause."""
+    facts = record.server or ServerFacts()
+    cold, pressure, rehost = (record.step(p) for p in (Phase.COLD, Phase.PRESSURE, Phase.REHOST))
+    r = cacheable_tokens(record)
+    start = cold.before if cold else None
+    planted = (pressure.before if pressure and pressure.before else None) or (cold.after if cold else None)
+    end = (rehost.before if rehost else None) or (pressure.after if pressure else None)
+    if start is None or end is None:
+        return Cause.UNKNOWN, "SGLang counters were not available"
+    kv_cold = _labelled_delta(start, planted, "backup_tokens", "kv", "hicache_backup_tokens_total")
+    kv_all = _labelled_delta(start, end, "backup_tokens", "kv", "hicache_backup_tokens_total")
+    mamba_all = _labelled_delta(start, end, "backup_tokens", "mamba", "hicache_backup_tokens_total")
+    length = cold.prompt_tokens if cold else record.context_tokens
+    if (
+        facts.write_policy == "write_through"
+        and facts.chunked_prefill_size
+        and length > facts.chunked_prefill_size
+        and kv_cold is not None
+        and kv_cold < KV_BACKUP_SHARE * r
+    ):
+        return Cause.CHUNKED_PREFILL_NOT_BACKED_UP, (
+            f"R ({length} tokens) is longer than chunked_prefill_size {facts.chunked_prefill_size} "
+            f"and only {kv_cold:.0f} KV tokens were backed up after its cold prefill"
+        )
+    dropped = _delta(_sum(start.dropped_tokens), _sum(end.dropped_tokens))
+    host_full = (
+        end.host_used_tokens is not None
+        and end.host_total_tokens
+        and end.host_used_tokens >= HOST_FULL_SHARE * end.host_total_tokens
+    )
+    mamba_full = (
+        end.host_mamba_used_states is not None
+        and end.host_mamba_total_states
+        and end.host_mamba_used_states >= end.host_mamba_total_states
+    )
+    if (dropped or 0) > 0 or host_full or mamba_full:
+        what = (
+            f"{dropped:.0f} tokens were dropped without host backup" if (dropped or 0) > 0
+            else f"the host Mamba pool was full ({end.host_mamba_used_states:.0f}/{end.host_mamba_total_states:.0f} states)"
+            if mamba_full
+            else f"the host KV pool was full ({end.host_used_tokens:.0f}/{end.host_total_tokens:.0f} tokens)"
+        )
+        return Cause.HOST_POOL_PRESSURE, what
+    if kv_all is None or (mamba_all is None and facts.hybrid_model):
+        return Cause.UNKNOWN, "this server exports no hicache_backup_tokens_total to tell why"
+    contexts = 1 + (record.pressure.chunks or 0)
+    if facts.hybrid_model and kv_all >= KV_BACKUP_SHARE * r and (mamba_all or 0) < max(1.0, MAMBA_BACKUP_SHARE * contexts):
+        return Cause.MAMBA_STATE_NOT_BACKED_UP, (
+            f"{kv_all:.0f} KV tokens but only {mamba_all or 0:.0f} Mamba states were backed up "
+            f"for {contexts} inserted contexts"
+        )
+    load_back = _labelled_delta(rehost.before, rehost.after, "load_back_tokens", "kv", "load_back_tokens_total") if rehost else None
+    if load_back is None and rehost is not None and rehost.before and rehost.after:
+        load_back = _delta(_sum(rehost.before.load_back_tokens) or 0.0, _sum(rehost.after.load_back_tokens) or 0.0)
+    if kv_all >= KV_BACKUP_SHARE * r and (load_back or 0) == 0:
+        return Cause.LOAD_BACK_SKIPPED, f"{kv_all:.0f} KV tokens were backed up, the host was not full, yet nothing was loaded back"
+    return Cause.UNKNOWN, "the counters show no known failure pattern"
+
+
+def decide(record: ProbeRecord, settings: ProbeSettings | None = None) -> Decision:
+    """The verdict for a finished (or aborted) probe record; see the module docstring for the rules.
+
+    `settings` supplies `host_hit_threshold` and `min_cold_latency_s` (defaults: ProbeSettings').
+    """
+    settings = settings or ProbeSettings(target=record.target)
+    if record.reason is not None:
+        return Decision(Verdict.ERROR, reason=record.reason, evidence=record.evidence or f"probe failed: {record.reason.value}")
+    if record.verdict in (Verdict.SKIPPED_BUSY, Verdict.SKIPPED_BUDGET):
+        return Decision(record.verdict, evidence=record.evidence)
+    if record.server is not None and not record.server.enable_hierarchical_cache:
+        return Decision(Verdict.HICACHE_DISABLED, evidence="the server runs without --enable-hierarchical-cache; no tokens were sent")
+    cold, rehost, again = (record.step(p) for p in (Phase.COLD, Phase.REHOST, Phase.AGAIN))
+    if cold is None or rehost is None or again is None or cold.latency_s is None or rehost.latency_s is None:
+        return Decision(Verdict.ERROR, reason=ErrorReason.INTERNAL, evidence="the probe stopped before R was re-sent")
+    ratio = rehost.latency_s / cold.latency_s if cold.latency_s > 0 else None
+    r = cacheable_tokens(record)
+    lat = f"rehost {rehost.latency_s:.2f} s vs cold {cold.latency_s:.2f} s"
+    base = dict(rehost_cold_ratio=ratio)
+
+    if rehost.cached is not None:
+        again_dev = again.cached.device if again.cached is not None else None
+        return _from_shares(record, settings, r, rehost.cached.device, rehost.cached.host, again_dev, "cached_tokens_details", lat, base, True)
+    tiers, again_tiers = counter_tiers(rehost), counter_tiers(again)
+    if tiers is not None:
+        again_dev = again_tiers.device if again_tiers else None
+        return _from_shares(record, settings, r, tiers.device, tiers.host, again_dev, tiers.source, lat, base, False)
+    return _from_latency(record, settings, cold, rehost, again, ratio, lat, base)
+
+
+def _from_shares(record, settings, r, dev, host, again_dev, source, lat, base, details: bool) -> Decision:
+    host_frac = host / r if r else 0.0
+    base = dict(base, host_fraction=host_frac)
+    if again_dev is not None and again_dev < DEVICE_SHARE_AGAIN_OK * r:
+        return Decision(
+            Verdict.DEVICE_CACHE_BROKEN,
+            evidence=f"R's third send hit only {again_dev:.0f} of {r} tokens on device ({source}), so the device prefix cache itself is not reusing R",
+            **base,
+        )
+    if dev is not None and dev >= DEVICE_SHARE_NOT_EVICTED * r:
+        return Decision(
+            Verdict.NOT_EVICTED,
+            evidence=f"rehost still hit {dev:.0f} of {r} tokens on device ({source}): pressure of {record.pressure.synthetic_tokens + record.pressure.passive_tokens} tokens did not evict R",
+            **base,
+        )
+    threshold = settings.host_hit_threshold
+    if host_frac >= threshold:
+        partial = "" if host_frac >= 0.999 else f" (a partial hit, threshold {_pct(threshold)})"
+        return Decision(
+            Verdict.REUSED,
+            evidence=f"rehost loaded {host:.0f} of {r} tokens ({_pct(host_frac)}) from host{partial} per {source}; {lat}",
+            **base,
+        )
+    if not details and not eviction_confirmed(record):
+        return Decision(
+            Verdict.NOT_EVICTED,
+            evidence=f"eviction of R was not confirmed by evicted_tokens_total and {source} shows {host:.0f} host tokens; no verdict on HiCache",
+            **base,
+        )
+    cause, why = suspect_cause(record)
+    return Decision(
+        Verdict.SILENT,
+        cause=cause,
+        evidence=f"R was evicted but rehost took only {host:.0f} of {r} tokens ({_pct(host_frac)}) from host per {source}; {lat}; {why}",
+        **base,
+    )
+
+
+def _from_latency(record, settings, cold, rehost, again, ratio, lat, base) -> Decision:
+    min_cold = settings.min_cold_latency_s
+    if not eviction_confirmed(record):
+        return Decision(Verdict.NOT_EVICTED, evidence=f"no tier details or host counters, and eviction of R was not confirmed; {lat}", **base)
+    again_ratio = (again.latency_s / cold.latency_s) if again.latency_s is not None and cold.latency_s else None
+    if cold.latency_s < min_cold or again_ratio is None or again_ratio >= AGAIN_VISIBLE_RATIO:
+        return Decision(
+            Verdict.INCONCLUSIVE,
+            evidence=(
+                f"only latency is available and it cannot tell: cold {cold.latency_s:.2f} s (needs >= {min_cold:.1f} s), "
+                f"again {again.latency_s if again.latency_s is not None else float('nan'):.2f} s"
+            ),
+            **base,
+        )
+    if ratio > LATENCY_SILENT_RATIO:
+        cause, why = suspect_cause(record)
+        return Decision(Verdict.SILENT, cause=cause, evidence=f"latency only: {lat} (ratio {ratio:.2f} > {LATENCY_SILENT_RATIO}); {why}", **base)
+    if ratio < LATENCY_REUSED_RATIO:
+        return Decision(Verdict.REUSED, evidence=f"latency only: {lat} (ratio {ratio:.2f} < {LATENCY_REUSED_RATIO})", **base)
+    return Decision(Verdict.INCONCLUSIVE, evidence=f"latency only: {lat} (ratio {ratio:.2f}, between {LATENCY_REUSED_RATIO} and {LATENCY_SILENT_RATIO})", **base)
+

@@ -1,0 +1,122 @@
+"""Table tests for pressure sizing, turnover accounting and eviction confirmation."""
+
+from __future__ import annotations
+
+import pytest
+
+from hicache_canary.models import CounterSnapshot, ProbeSettings, ServerFacts
+from hicache_canary.pressure import (
+    chunk_tokens,
+    clamp_context,
+    estimate_probe_tokens,
+    eviction_confirmed,
+    next_chunk,
+    plan_pressure,
+    should_wait_passively,
+    turnover,
+)
+
+S = ProbeSettings(target="t", context_tokens=40_000)
+REPORT = ServerFacts(enable_hierarchical_cache=True, page_size=1, chunked_prefill_size=4096, max_total_num_tokens=400_000, max_req_input_len=262_135)
+
+
+def gauges(avail, evictable, evicted=0.0, pool=400_000) -> CounterSnapshot:
+    return CounterSnapshot(kv_available_tokens=avail, kv_evictable_tokens=evictable, evicted_tokens=evicted, max_total_num_tokens=pool)
+
+
+@pytest.mark.parametrize(
+    "facts, snapshot, r, need, target, from_gauges",
+    [
+        pytest.param(REPORT, gauges(300_000, 100_000), 40_000, 300_000 + 60_001 + 39_999, 100_000, True, id="free-plus-older-plus-R"),
+        pytest.param(REPORT, gauges(0, 40_000), 40_000, 40_000, 40_000, True, id="full-pool-only-R-evictable"),
+        pytest.param(REPORT, gauges(1000, 20_000), 40_000, 1000 + 0 + 39_999, 39_999, True, id="evictable-below-R-clamps-older-to-zero"),
+        pytest.param(ServerFacts(page_size=64, max_total_num_tokens=24_000), gauges(5000, 6000, pool=24_000), 6000, 11_008, 6016, True, id="page-aligned-up"),
+        pytest.param(ServerFacts(max_total_num_tokens=24_000), CounterSnapshot(evicted_tokens=0.0), 6000, 24_000, 24_000, False, id="no-gauges-whole-pool-0.5.17"),
+        pytest.param(ServerFacts(max_total_num_tokens=24_000), None, 6000, 24_000, 24_000, False, id="no-metrics-at-all-whole-pool"),
+    ],
+)
+def test_plan_need(facts, snapshot, r, need, target, from_gauges) -> None:
+    plan = plan_pressure(S, facts, snapshot, r)
+    assert (plan.need_tokens, plan.evict_target, plan.from_gauges) == (need, target, from_gauges)
+
+
+@pytest.mark.parametrize(
+    "settings, facts, chunk",
+    [
+        pytest.param(S, REPORT, 4096, id="server-chunked-prefill-size"),
+        pytest.param(ProbeSettings(target="t", pressure_chunk_tokens=2000), REPORT, 2000, id="setting-wins"),
+        pytest.param(S, ServerFacts(max_total_num_tokens=400_000), 8192, id="default-when-server-silent"),
+        pytest.param(S, ServerFacts(chunked_prefill_size=-1, max_total_num_tokens=400_000), 8192, id="chunking-disabled-minus-one"),
+        pytest.param(S, ServerFacts(chunked_prefill_size=8192, max_req_input_len=4000, max_total_num_tokens=400_000), 3936, id="never-over-max-req-input-len"),
+        pytest.param(S, ServerFacts(chunked_prefill_size=8192, max_total_num_tokens=10_000), 2500, id="never-over-a-quarter-of-the-pool"),
+        pytest.param(S, ServerFacts(chunked_prefill_size=5000, page_size=64, max_total_num_tokens=400_000), 4992, id="page-aligned-down"),
+    ],
+)
+def test_chunk_size(settings, facts, chunk) -> None:
+    assert chunk_tokens(settings, facts) == chunk
+
+
+def test_cap_defaults_to_four_pools_and_honours_setting() -> None:
+    assert plan_pressure(S, REPORT, gauges(0, 40_000), 40_000).cap_tokens == 1_600_000
+    tiny = ProbeSettings(target="t", max_pressure_tokens=1000)
+    plan = plan_pressure(tiny, REPORT, gauges(300_000, 40_000), 40_000)
+    assert plan.cap_tokens == 1000
+    assert next_chunk(plan, plan.need_tokens, 0, 1) == 1000
+    assert next_chunk(plan, plan.need_tokens, 1000, 1) == 0
+
+
+def test_next_chunk_sends_only_the_remainder_then_whole_chunks() -> None:
+    plan = plan_pressure(S, REPORT, gauges(300_000, 40_000), 40_000)
+    assert next_chunk(plan, 100_000, 0, 1) == 4096
+    assert next_chunk(plan, 1500, 0, 1) == 1500
+    assert next_chunk(plan, 1500, 0, 64) == 1536
+    assert next_chunk(plan, -50, 0, 1) == 4096  # planned turnover done, eviction not confirmed yet
+
+
+@pytest.mark.parametrize(
+    "planted, now, expected",
+    [
+        pytest.param(gauges(300_000, 40_000, 0), gauges(200_000, 140_000, 0), 100_000, id="free-slots-consumed"),
+        pytest.param(gauges(1000, 40_000, 500), gauges(0, 40_000, 20_500), 21_000, id="free-then-evictions"),
+        pytest.param(CounterSnapshot(prompt_tokens=100.0, cached_tokens={"device": 10.0}), CounterSnapshot(prompt_tokens=5100.0, cached_tokens={"device": 1010.0}), 4000, id="fallback-uncached-prompt-tokens"),
+        pytest.param(CounterSnapshot(), CounterSnapshot(), None, id="nothing-tells"),
+    ],
+)
+def test_turnover(planted, now, expected) -> None:
+    assert turnover(planted, now) == expected
+
+
+def test_eviction_confirmed_needs_older_plus_R_evicted() -> None:
+    planted = gauges(0, 100_000, evicted=1000)
+    plan = plan_pressure(S, REPORT, planted, 40_000)
+    assert plan.evict_target == 100_000
+    assert not eviction_confirmed(planted, gauges(0, 0, evicted=1000 + 99_999), plan)
+    assert eviction_confirmed(planted, gauges(0, 0, evicted=1000 + 100_000), plan)
+    assert not eviction_confirmed(CounterSnapshot(), CounterSnapshot(), plan)  # no counter: never confirmed
+
+
+@pytest.mark.parametrize(
+    "rate, remaining, wait, expected",
+    [
+        pytest.param(10_000, 100_000, 60, True, id="busy-server-evicts-R-within-wait"),
+        pytest.param(1000, 100_000, 60, False, id="too-slow-send-filler"),
+        pytest.param(0, 100_000, 60, False, id="idle-server"),
+        pytest.param(0, 0, 60, True, id="already-done"),
+    ],
+)
+def test_passive_wait(rate, remaining, wait, expected) -> None:
+    assert should_wait_passively(rate, remaining, wait) is expected
+
+
+def test_context_is_clamped_to_the_server() -> None:
+    assert clamp_context(S, REPORT) == 40_000
+    assert clamp_context(S, ServerFacts(max_req_input_len=23_994, max_total_num_tokens=24_000)) == 12_000
+    assert clamp_context(S, ServerFacts(max_req_input_len=8000)) == 8000 - 64
+
+
+def test_estimate_beats_the_reports_manual_method() -> None:
+    idle = gauges(360_000, 0)
+    est = estimate_probe_tokens(S, REPORT, idle)
+    assert est == 3 * 40_000 + 360_000
+    assert est < 40_000 + 10 * 40_000 + 2 * 40_000
+    assert estimate_probe_tokens(ProbeSettings(target="t", context_tokens=40_000, max_pressure_tokens=0), REPORT, idle) == 120_000
