@@ -1,0 +1,470 @@
+"""Async HTTP client for one SGLang server: /generate, /v1/completions, /server_info, /metrics, /health.
+
+Every failure surfaces as one exception type, SGLangError, whose `.reason` is a closed
+models.ErrorReason (safe as a label) and whose text is a bounded one-liner that never contains
+the API key. Mapping: connect refused/reset/DNS -> CONNECT_FAILED (a connect that times out too:
+the server is unreachable, not slow); read/write/pool timeouts -> TIMEOUT; 401/403 -> UNAUTHORIZED;
+429 -> RATE_LIMITED; 400 saying the input exceeds the context -> CONTEXT_TOO_LONG; other 4xx ->
+HTTP_4XX with SGLang's own message; 5xx -> HTTP_5XX; truncated bodies, bad JSON or wrong types ->
+BAD_RESPONSE.
+
+Latency is measured here, client side, around the whole request (send, prefill, body read): it is
+what a user of the server waits, and what the rehost/cold ratio compares.
+
+`routed_dp_rank` is SGLang 0.5.23's name for pinning a /generate to one DP rank; older builds call
+it `data_parallel_rank` (0.5.23 still accepts that as a deprecated alias). We send the new name
+only: a build that predates it ignores unknown fields, which at worst leaves DP routing to the
+server (the canary reports dp_size so a human can tell).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from .models import CachedTokens, CounterSnapshot, ErrorReason, GenerateResult, ServerFacts
+from .sglang_metrics import parse_snapshot
+
+MAX_MESSAGE = 300
+MAX_SERVER_MESSAGE = 200
+_CONTEXT_TOO_LONG = re.compile(
+    r"longer than the model's context length|exceeds the maximum allowed length|context_length_exceeded"
+    r"|maximum context length",
+    re.IGNORECASE,
+)
+# Keys of /server_info that may hold credentials (SGLang returns admin_api_key unredacted).
+_SECRET_PART = re.compile(r"(^|_)(key|secret|password|passwd|token|credentials?|auth|authorization)($|_)", re.I)
+_ROUTER_KEYS = ("prefill", "decode", "workers", "worker_urls", "prefill_urls", "decode_urls")
+
+
+class SGLangError(Exception):
+    """A failed call to SGLang. `reason` is bounded; `status` is the HTTP status when there was one."""
+
+    def __init__(self, reason: ErrorReason, message: str, status: int | None = None):
+        self.reason = reason
+        self.status = status
+        self.message = _one_line(message, MAX_MESSAGE)
+        super().__init__(self.message)
+
+    def __repr__(self) -> str:
+        return f"SGLangError({self.reason.value!r}, {self.message!r}, status={self.status!r})"
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds. /generate and /v1/completions take their timeout per call (prefill can be long)."""
+
+    connect: float = 5.0
+    read_small: float = 10.0  # /server_info, /metrics, /health
+
+
+def load_api_key(env: str | None, file: str | None) -> str | None:
+    """The API key from the environment variable named `env`, else from `file` (stripped).
+
+    An unset or empty variable falls through to the file; no source at all gives None. A file that
+    cannot be read, is empty, or holds a key with whitespace or control characters raises
+    ValueError naming the path, never the content.
+    """
+    if env:
+        value = os.environ.get(env, "").strip()
+        if value:
+            _check_key(value, f"environment variable {env}")
+            return value
+    if file:
+        try:
+            with open(file, encoding="utf-8") as fh:
+                value = fh.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read API key file {file}: {type(exc).__name__}") from None
+        if not value:
+            raise ValueError(f"API key file {file} is empty")
+        _check_key(value, f"API key file {file}")
+        return value
+    return None
+
+
+def _check_key(value: str, source: str) -> None:
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise ValueError(f"{source}: the API key contains whitespace or control characters")
+
+
+def redact_server_info(body: Any, secrets: tuple[str, ...] = ()) -> Any:
+    """Copy of a /server_info body without credential-like keys (recursively) or known secret values."""
+    if isinstance(body, dict):
+        return {
+            k: redact_server_info(v, secrets)
+            for k, v in body.items()
+            if not (isinstance(k, str) and _is_secret_key(k))
+        }
+    if isinstance(body, list):
+        return [redact_server_info(v, secrets) for v in body]
+    if isinstance(body, str) and any(s and s in body for s in secrets):
+        return "<redacted>"
+    return body
+
+
+def _is_secret_key(key: str) -> bool:
+    # `max_total_num_tokens` is a count, `hf_token` a credential: match whole `_`-separated parts.
+    return bool(_SECRET_PART.search(key)) or "api_key" in key.lower()
+
+
+def parse_server_info(body: Any) -> ServerFacts:
+    """Pure: /server_info JSON -> ServerFacts. Raises SGLangError(BAD_RESPONSE) on wrong types."""
+    if not isinstance(body, dict):
+        if isinstance(body, list):  # a router listing its workers
+            return ServerFacts(looks_like_router=True)
+        raise SGLangError(ErrorReason.BAD_RESPONSE, f"server_info is a JSON {type(body).__name__}, not an object")
+    states = body.get("internal_states")
+    first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+
+    def pick(key: str) -> Any:
+        value = body.get(key)
+        return first.get(key) if value is None else value
+
+    if any(isinstance(body.get(k), (list, dict)) for k in _ROUTER_KEYS) or not (
+        {"model_path", "version", "enable_hierarchical_cache"} & body.keys()
+    ):
+        return ServerFacts(looks_like_router=True, version=_str(body, "version"))
+
+    hybrid = pick("uses_mamba_radix_cache")
+    if hybrid is None:
+        for override in first.get("_resolved_overrides") or []:
+            if isinstance(override, list) and len(override) == 2 and isinstance(override[1], dict):
+                hybrid = override[1].get("uses_mamba_radix_cache", hybrid)
+    return ServerFacts(
+        version=_str(body, "version"),
+        model_path=_str(body, "model_path"),
+        served_model_name=_str(body, "served_model_name"),
+        enable_hierarchical_cache=bool(body.get("enable_hierarchical_cache")),
+        write_policy=_str(body, "hicache_write_policy"),
+        page_size=_int(pick("page_size"), "page_size") or 1,
+        chunked_prefill_size=_int(pick("chunked_prefill_size"), "chunked_prefill_size"),
+        max_total_num_tokens=_int(pick("max_total_num_tokens"), "max_total_num_tokens"),
+        max_req_input_len=_int(pick("max_req_input_len"), "max_req_input_len"),
+        context_length=_int(pick("context_length"), "context_length"),
+        speculative_algorithm=_str(body, "speculative_algorithm"),
+        hybrid_model=bool(hybrid),
+        dp_size=_int(pick("dp_size"), "dp_size") or 1,
+        tp_size=_int(pick("tp_size"), "tp_size") or 1,
+        enable_cache_report=bool(body.get("enable_cache_report")),
+        enable_metrics=bool(body.get("enable_metrics")),
+        looks_like_router=False,
+    )
+
+
+def parse_generate(body: Any, latency_s: float) -> GenerateResult:
+    """Pure: native /generate JSON -> GenerateResult."""
+    if not isinstance(body, dict):
+        raise SGLangError(ErrorReason.BAD_RESPONSE, f"/generate returned a JSON {type(body).__name__}, not an object")
+    meta = body.get("meta_info")
+    if not isinstance(meta, dict):
+        raise SGLangError(ErrorReason.BAD_RESPONSE, "/generate response lacks meta_info")
+    if meta.get("prompt_tokens") is None:
+        raise SGLangError(ErrorReason.BAD_RESPONSE, "meta_info lacks prompt_tokens")
+    return GenerateResult(
+        latency_s=latency_s,
+        prompt_tokens=_int(meta.get("prompt_tokens"), "meta_info.prompt_tokens") or 0,
+        completion_tokens=_int(meta.get("completion_tokens"), "meta_info.completion_tokens") or 0,
+        cached_tokens=_int(meta.get("cached_tokens"), "meta_info.cached_tokens"),
+        details=_details(meta.get("cached_tokens_details"), "meta_info.cached_tokens_details"),
+        request_id=meta.get("id") if isinstance(meta.get("id"), str) else None,
+    )
+
+
+def parse_completion(body: Any, latency_s: float) -> GenerateResult:
+    """Pure: /v1/completions JSON -> GenerateResult (tier details from `sglext`)."""
+    if not isinstance(body, dict):
+        raise SGLangError(ErrorReason.BAD_RESPONSE, f"/v1/completions returned a JSON {type(body).__name__}")
+    usage = body.get("usage")
+    if not isinstance(usage, dict) or usage.get("prompt_tokens") is None:
+        raise SGLangError(ErrorReason.BAD_RESPONSE, "/v1/completions response lacks usage.prompt_tokens")
+    sglext = body.get("sglext")
+    details = None
+    if sglext is not None:
+        if not isinstance(sglext, dict):
+            raise SGLangError(ErrorReason.BAD_RESPONSE, "sglext is not an object")
+        details = _details(sglext.get("cached_tokens_details"), "sglext.cached_tokens_details")
+    ptd = usage.get("prompt_tokens_details")
+    cached = None
+    if isinstance(ptd, dict) and ptd.get("cached_tokens") is not None:
+        cached = _int(ptd.get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens")
+    elif sglext is not None:
+        # SGLang drops prompt_tokens_details when nothing was cached; sglext says it answered.
+        cached = details.total if details else 0
+    return GenerateResult(
+        latency_s=latency_s,
+        prompt_tokens=_int(usage.get("prompt_tokens"), "usage.prompt_tokens") or 0,
+        completion_tokens=_int(usage.get("completion_tokens"), "usage.completion_tokens") or 0,
+        cached_tokens=cached,
+        details=details,
+        request_id=body.get("id") if isinstance(body.get("id"), str) else None,
+    )
+
+
+class SGLangClient:
+    """One SGLang server. Use as `async with SGLangClient(url) as c:` or call aclose()."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        connect_timeout: float = 5.0,
+        small_timeout: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.timeouts = Timeouts(connect=connect_timeout, read_small=small_timeout)
+        self._display = _display_url(self.base_url)
+        self._secrets = tuple(s for s in (api_key, _userinfo(self.base_url)) if s)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, transport=transport)
+
+    def __repr__(self) -> str:
+        return f"SGLangClient({self._display!r}, api_key={'set' if self._secrets else 'none'})"
+
+    async def __aenter__(self) -> SGLangClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # --- endpoints -----------------------------------------------------------------------
+
+    async def server_info(self) -> ServerFacts:
+        return parse_server_info(await self._server_info_json())
+
+    async def raw_server_info(self) -> dict:
+        body = await self._server_info_json()
+        if not isinstance(body, dict):
+            return {"_body": redact_server_info(body, self._secrets)}
+        return redact_server_info(body, self._secrets)
+
+    async def metrics_text(self) -> str:
+        resp = await self._request("GET", "/metrics", timeout=self._small(), not_found=False)
+        if resp.status_code == 404:
+            raise SGLangError(ErrorReason.BAD_RESPONSE, "GET /metrics: 404, metrics disabled (--enable-metrics)", 404)
+        return resp.text
+
+    async def metrics(self) -> CounterSnapshot:
+        text = await self.metrics_text()
+        return parse_snapshot(text, taken_at=time.time())
+
+    async def health(self) -> bool:
+        """True on 200 from /health; False on any other status, timeout or connection failure."""
+        try:
+            resp = await self._request("GET", "/health", timeout=self._small(), check=False)
+        except SGLangError:
+            return False
+        return resp.status_code == 200
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        *,
+        max_new_tokens: int = 1,
+        routed_dp_rank: int | None = None,
+        timeout: float = 300.0,
+    ) -> GenerateResult:
+        payload: dict[str, Any] = {
+            "input_ids": input_ids,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
+        }
+        if routed_dp_rank is not None:
+            payload["routed_dp_rank"] = routed_dp_rank
+        start = time.perf_counter()
+        resp = await self._request("POST", "/generate", json_body=payload, timeout=self._long(timeout))
+        body = self._json(resp, "POST /generate")
+        return parse_generate(body, time.perf_counter() - start)
+
+    async def completion(
+        self,
+        prompt: str | list[int],
+        *,
+        model: str | None = None,
+        max_new_tokens: int = 1,
+        timeout: float = 300.0,
+    ) -> GenerateResult:
+        payload: dict[str, Any] = {
+            "prompt": prompt,
+            "max_tokens": max_new_tokens,
+            "temperature": 0,
+            "stream": False,
+            "return_cached_tokens_details": True,
+        }
+        if model is not None:
+            payload["model"] = model
+        start = time.perf_counter()
+        resp = await self._request("POST", "/v1/completions", json_body=payload, timeout=self._long(timeout))
+        body = self._json(resp, "POST /v1/completions")
+        return parse_completion(body, time.perf_counter() - start)
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def _small(self) -> httpx.Timeout:
+        return httpx.Timeout(self.timeouts.read_small, connect=self.timeouts.connect)
+
+    def _long(self, seconds: float) -> httpx.Timeout:
+        return httpx.Timeout(seconds, connect=min(self.timeouts.connect, seconds))
+
+    async def _server_info_json(self) -> Any:
+        resp = await self._request("GET", "/server_info", timeout=self._small(), not_found=False)
+        where = "GET /server_info"
+        if resp.status_code == 404:  # builds before the rename only have the old path
+            resp = await self._request("GET", "/get_server_info", timeout=self._small())
+            where = "GET /get_server_info"
+        return self._json(resp, where)
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout: httpx.Timeout,
+        json_body: Any = None,
+        check: bool = True,
+        not_found: bool = True,
+    ) -> httpx.Response:
+        """Send and read the whole body; map every failure to SGLangError.
+
+        `check=False` returns any status; `not_found=False` returns a 404 to the caller.
+        """
+        where = f"{method} {path}"
+        try:
+            resp = await self._http.request(method, path, json=json_body, timeout=timeout)
+        except httpx.ConnectTimeout:
+            raise self._err(ErrorReason.CONNECT_FAILED, f"{where}: connect to {self._display} timed out") from None
+        except httpx.TimeoutException as exc:
+            raise self._err(ErrorReason.TIMEOUT, f"{where}: {_timeout_kind(exc)} timed out after {timeout.read}s") from None
+        except httpx.ConnectError as exc:
+            raise self._err(ErrorReason.CONNECT_FAILED, f"{where}: cannot connect to {self._display}: {exc}") from None
+        except httpx.RemoteProtocolError as exc:
+            if "without sending" in str(exc) and "response" in str(exc) and "body" not in str(exc):
+                raise self._err(ErrorReason.CONNECT_FAILED, f"{where}: server closed the connection before answering") from None
+            raise self._err(ErrorReason.BAD_RESPONSE, f"{where}: broken HTTP response: {exc}") from None
+        except httpx.DecodingError as exc:
+            raise self._err(ErrorReason.BAD_RESPONSE, f"{where}: undecodable body: {exc}") from None
+        except (httpx.ReadError, httpx.WriteError) as exc:
+            raise self._err(ErrorReason.CONNECT_FAILED, f"{where}: connection lost: {type(exc).__name__} {exc}") from None
+        except httpx.HTTPError as exc:
+            raise self._err(ErrorReason.CONNECT_FAILED, f"{where}: {type(exc).__name__}: {exc}") from None
+        if not check or resp.is_success or (resp.status_code == 404 and not not_found):
+            return resp
+        raise self._status_error(where, resp)
+
+    def _status_error(self, where: str, resp: httpx.Response) -> SGLangError:
+        code = resp.status_code
+        said = _server_message(resp)
+        text = f"{where}: HTTP {code}" + (f": {said}" if said else "")
+        if code in (401, 403):
+            return self._err(ErrorReason.UNAUTHORIZED, text + " (check the API key)", code)
+        if code == 429:
+            return self._err(ErrorReason.RATE_LIMITED, text, code)
+        if 400 <= code < 500:
+            if _CONTEXT_TOO_LONG.search(said):
+                return self._err(ErrorReason.CONTEXT_TOO_LONG, text, code)
+            return self._err(ErrorReason.HTTP_4XX, text, code)
+        if code >= 500:
+            return self._err(ErrorReason.HTTP_5XX, text, code)
+        return self._err(ErrorReason.BAD_RESPONSE, f"{where}: unexpected HTTP {code}", code)
+
+    def _json(self, resp: httpx.Response, where: str) -> Any:
+        try:
+            return json.loads(resp.content)
+        except (ValueError, UnicodeDecodeError):
+            return _raise(self._err(ErrorReason.BAD_RESPONSE, f"{where}: body is not JSON: {resp.text[:80]!r}"))
+
+    def _err(self, reason: ErrorReason, message: str, status: int | None = None) -> SGLangError:
+        for secret in self._secrets:
+            message = message.replace(secret, "***")
+        return SGLangError(reason, message, status)
+
+
+def _raise(exc: Exception):
+    raise exc
+
+
+def _server_message(resp: httpx.Response) -> str:
+    """SGLang's own error text: {"error": {"message"}}, {"message"}, FastAPI's {"detail"}, or the body."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return _one_line(resp.text, MAX_SERVER_MESSAGE)
+    msg: Any = body
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict):
+            msg = err.get("message", err)
+        elif err is not None:
+            msg = err
+        else:
+            msg = body.get("message", body.get("detail", body))
+    if not isinstance(msg, str):
+        msg = json.dumps(msg)
+    return _one_line(msg, MAX_SERVER_MESSAGE)
+
+
+def _one_line(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _timeout_kind(exc: httpx.TimeoutException) -> str:
+    return {httpx.ReadTimeout: "read", httpx.WriteTimeout: "write", httpx.PoolTimeout: "pool"}.get(type(exc), "request")
+
+
+def _display_url(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _userinfo(url: str) -> str | None:
+    return urlsplit(url).password
+
+
+def _int(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value != int(value)
+    ):
+        raise SGLangError(ErrorReason.BAD_RESPONSE, f"{name} is not an integer: {str(value)[:40]!r}")
+    return int(value)
+
+
+def _str(body: dict, key: str) -> str | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise SGLangError(ErrorReason.BAD_RESPONSE, f"server_info.{key} is not a string")
+    return value
+
+
+def _details(value: Any, name: str) -> CachedTokens | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise SGLangError(ErrorReason.BAD_RESPONSE, f"{name} is not an object")
+    return CachedTokens(
+        device=_int(value.get("device"), f"{name}.device") or 0,
+        host=_int(value.get("host"), f"{name}.host") or 0,
+        storage=_int(value.get("storage"), f"{name}.storage") or 0,
+    )
