@@ -383,16 +383,12 @@ class SGLangClient:
         try:
             return json.loads(resp.content)
         except (ValueError, UnicodeDecodeError):
-            return _raise(self._err(ErrorReason.BAD_RESPONSE, f"{where}: body is not JSON: {resp.text[:80]!r}"))
+            raise self._err(ErrorReason.BAD_RESPONSE, f"{where}: body is not JSON: {resp.text[:80]!r}") from None
 
     def _err(self, reason: ErrorReason, message: str, status: int | None = None) -> SGLangError:
         for secret in self._secrets:
             message = message.replace(secret, "***")
         return SGLangError(reason, message, status)
-
-
-def _raise(exc: Exception):
-    raise exc
 
 
 def _server_message(resp: httpx.Response) -> str:
