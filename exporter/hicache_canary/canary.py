@@ -1,0 +1,314 @@
+"""One reuse canary against one SGLang server: preflight, cold, pressure, rehost, again.
+
+R is a fresh run of random token ids (ids 1000..30000, so no special tokens and no stale hit from
+an earlier probe), sent with `max_new_tokens: 1` through `/generate` (`input_ids`: exact lengths,
+no tokenizer needed) or, when only the OpenAI API is reachable, as a text of random words through
+`/v1/completions`. SGLang's counters are snapshotted around every step. Pressure is sized and
+stopped by pressure.py; the verdict comes from verdict.decide (pure).
+
+The probe never raises for target trouble: every SGLangError becomes `verdict=error` with the
+client's bounded reason and a one-line evidence. Requests are sent one at a time from the calling
+task, so on cancellation the request in flight is abandoned by httpx closing its connection (SGLang
+aborts a request whose client disconnected) and nothing of ours is left running; the
+CancelledError is re-raised. `/flush_cache` is never called: it would wipe the host tier too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .models import (
+    CachedTokens,
+    CounterSnapshot,
+    ErrorReason,
+    GenerateResult,
+    Phase,
+    ProbeRecord,
+    ProbeSettings,
+    ServerFacts,
+    StepRecord,
+    Verdict,
+)
+from .pressure import (
+    MIN_CONTEXT_TOKENS,
+    clamp_context,
+    eviction_confirmed,
+    next_chunk,
+    plan_pressure,
+    should_wait_passively,
+    turnover,
+)
+from .sglang_client import SGLangClient, SGLangError
+from .sglang_metrics import looks_like_router
+from .verdict import decide
+
+log = logging.getLogger("hicache_canary.canary")
+
+TOKEN_ID_RANGE = (1000, 30000)
+ROUTER_EVIDENCE = "the target looks like a router (sgl-router/SMG): a rehost may land on another worker; probe the workers directly"
+# Plain words (one BPE token each in common tokenizers) for OpenAI-only servers.
+WORDS = (
+    "time year people way day man thing woman life child world school state family student group country "
+    "problem hand part place case week company system program question work government number night point "
+    "home water room mother area money story fact month lot right study book eye job word business issue "
+    "side kind head house service friend father power hour game line end member law car city community "
+    "name president team minute idea kid body information back parent face others level office door health "
+    "person art war history party result change morning reason research girl guy moment air teacher force "
+    "education foot boy age policy music market sense nation plan college interest death experience effect "
+    "class control care field development role effort rate heart drug show leader light voice wife police "
+    "mind price report decision son view relationship town road arm difference value building action model "
+    "season society tax director position player record paper space ground form event official matter center"
+).split()
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    phase: Phase | str
+    tokens_sent: int
+    tokens_planned: int
+    elapsed_s: float
+    note: str = ""
+
+
+ProgressFn = Callable[[ProgressEvent], None]
+
+_next_dp_rank: dict[str, int] = {}  # per target: rotate the pinned DP rank between probes
+
+
+class _Stop(Exception):
+    """Ends a probe early with an error reason (target trouble we detected ourselves)."""
+
+    def __init__(self, reason: ErrorReason, evidence: str):
+        super().__init__(evidence)
+        self.reason, self.evidence = reason, evidence
+
+
+async def run_probe(
+    client: SGLangClient,
+    settings: ProbeSettings,
+    *,
+    progress: ProgressFn | None = None,
+    rng: random.Random | None = None,
+) -> ProbeRecord:
+    """Run one probe and return its record with verdict, cause and evidence filled in."""
+    return await _Probe(client, settings, progress, rng or random.Random()).run()
+
+
+class _Probe:
+    def __init__(self, client: SGLangClient, settings: ProbeSettings, progress: ProgressFn | None, rng: random.Random):
+        self.c, self.s, self.progress, self.rng = client, settings, progress, rng
+        self.rec = ProbeRecord(target=settings.target, started_at=time.time())
+        self.t0 = time.monotonic()
+        self.facts = ServerFacts()
+        self.phase: Phase | str = "preflight"
+        self.sent = 0
+        self.planned = 0
+        self.dp_rank: int | None = None
+        self.metrics_on = True
+        self.first: CounterSnapshot | None = None
+        self.r_ids: list[int] = []
+        self.r_text = ""
+        self.tokens_per_word = 1.0
+
+    async def run(self) -> ProbeRecord:
+        try:
+            if await self.preflight():
+                cold = await self.send_r(Phase.COLD, self.first)
+                pressure = await self.pressure(cold.after)
+                rehost = await self.send_r(Phase.REHOST, pressure.after)
+                await self.send_r(Phase.AGAIN, rehost.after)
+        except SGLangError as exc:
+            self.rec.reason, self.rec.evidence = exc.reason, f"{self._where()}: {exc.message}"
+        except _Stop as stop:
+            self.rec.reason, self.rec.evidence = stop.reason, stop.evidence
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug of ours: still a record, never a crashed scheduler
+            log.debug("probe of %s failed internally", self.s.target, exc_info=True)
+            self.rec.reason = ErrorReason.INTERNAL
+            self.rec.evidence = f"{self._where()}: internal error {type(exc).__name__}"
+        self.rec.finished_at = time.time()
+        d = decide(self.rec, self.s)
+        self.rec.verdict, self.rec.cause, self.rec.reason = d.verdict, d.cause, d.reason
+        self.rec.evidence, self.rec.host_fraction, self.rec.rehost_cold_ratio = d.evidence, d.host_fraction, d.rehost_cold_ratio
+        self.emit("done", d.verdict.value)
+        return self.rec
+
+    def _where(self) -> str:
+        return self.phase.value if isinstance(self.phase, Phase) else self.phase
+
+    def emit(self, phase: Phase | str, note: str = "") -> None:
+        self.phase = phase
+        if self.progress is not None:
+            self.progress(ProgressEvent(phase, self.sent, self.planned, time.monotonic() - self.t0, note))
+
+    # --- preflight ---------------------------------------------------------------------
+
+    async def preflight(self) -> bool:
+        """Read the server; False when the probe must not send anything (verdict already decided)."""
+        self.emit("preflight", "reading /server_info and /metrics")
+        self.facts = self.rec.server = await self.c.server_info()
+        if self.facts.looks_like_router:
+            raise _Stop(ErrorReason.TARGET_IS_ROUTER, ROUTER_EVIDENCE)
+        self.first = await self.snap()
+        if self.first is not None and looks_like_router(self.first):
+            raise _Stop(ErrorReason.TARGET_IS_ROUTER, ROUTER_EVIDENCE)
+        if not self.facts.enable_hierarchical_cache:
+            return False
+        busy = self._busy(self.first)
+        if busy:
+            self.rec.verdict, self.rec.evidence = Verdict.SKIPPED_BUSY, busy
+            return False
+        length = clamp_context(self.s, self.facts)
+        if length < MIN_CONTEXT_TOKENS:
+            raise _Stop(ErrorReason.CONTEXT_TOO_LONG, f"the server's limits (max_req_input_len {self.facts.max_req_input_len}) leave no room for a probe context")
+        self.rec.context_tokens = length
+        self.r_ids = self.ids(length)
+        if self.facts.dp_size > 1:
+            if self.s.dp_rank is not None:
+                self.dp_rank = self.s.dp_rank
+            else:
+                n = _next_dp_rank.get(self.s.target, 0)
+                self.dp_rank, _next_dp_rank[self.s.target] = n % self.facts.dp_size, n + 1
+        self.rec.api = "openai" if self.s.api == "openai" else "native"
+        self.planned = 3 * length  # pressure is added once sized
+        return True
+
+    def _busy(self, snap: CounterSnapshot | None) -> str:
+        if snap is None:
+            return ""
+        q, r = snap.num_queue_reqs, snap.num_running_reqs
+        if q is not None and q > self.s.busy_queue_threshold:
+            return f"server busy: {q:.0f} queued requests (threshold {self.s.busy_queue_threshold}); no tokens sent"
+        if r is not None and self.s.busy_running_threshold is not None and r > self.s.busy_running_threshold:
+            return f"server busy: {r:.0f} running requests (threshold {self.s.busy_running_threshold}); no tokens sent"
+        return ""
+
+    async def snap(self) -> CounterSnapshot | None:
+        """SGLang's counters now; None when metrics are disabled. A restart ends the probe."""
+        if not self.metrics_on:
+            return None
+        try:
+            s = await self.c.metrics()
+        except SGLangError as exc:
+            if exc.status == 404:
+                self.metrics_on = False
+                return None
+            raise
+        if self.first is not None and _restarted(self.first, s):
+            raise _Stop(ErrorReason.SERVER_RESTARTED, f"{self._where()}: the server restarted during the probe (its counters went back)")
+        return s
+
+    # --- requests ------------------------------------------------------------------------
+
+    def ids(self, n: int) -> list[int]:
+        lo, hi = TOKEN_ID_RANGE
+        return [self.rng.randint(lo, hi) for _ in range(n)]
+
+    def words(self, tokens: int) -> str:
+        n = max(1, int(tokens / self.tokens_per_word))
+        return " ".join(self.rng.choice(WORDS) for _ in range(n))
+
+    async def send(self, ids: list[int] | None, tokens: int) -> GenerateResult:
+        """One request; `ids` is R's (or None for new filler of about `tokens` tokens)."""
+        if self.rec.api == "native":
+            try:
+                res = await self.c.generate(ids or self.ids(tokens), routed_dp_rank=self.dp_rank, timeout=self.s.timeout_s)
+            except SGLangError as exc:
+                if self.s.api != "auto" or exc.status not in (404, 405) or self.sent > 0:
+                    raise
+                self.rec.api = "openai"  # /generate not exposed here: OpenAI API only
+                return await self.send(ids, tokens)
+        else:
+            if ids is not None and not self.r_text:
+                self.r_text = self.words(tokens)
+            model = self.facts.served_model_name or self.facts.model_path
+            res = await self.c.completion(self.r_text if ids is not None else self.words(tokens), model=model, timeout=self.s.timeout_s)
+            if ids is not None and self.sent == 0 and res.prompt_tokens > 0:
+                self.tokens_per_word = res.prompt_tokens / len(self.r_text.split())
+        self.sent += res.prompt_tokens
+        return res
+
+    async def send_r(self, phase: Phase, before: CounterSnapshot | None) -> StepRecord:
+        self.emit(phase, "sending R")
+        step = StepRecord(phase, before=before)
+        self.rec.steps.append(step)
+        res = await self.send(self.r_ids, len(self.r_ids))
+        step.latency_s, step.prompt_tokens, step.requests = res.latency_s, res.prompt_tokens, 1
+        step.cached_tokens, step.cached = res.cached_tokens, _tiers(res)
+        if phase == Phase.COLD:
+            self.rec.context_tokens = res.prompt_tokens
+        step.after = await self.snap()
+        self.emit(phase, f"{res.latency_s:.2f} s")
+        return step
+
+    # --- pressure ------------------------------------------------------------------------
+
+    async def pressure(self, planted: CounterSnapshot | None) -> StepRecord:
+        step = StepRecord(Phase.PRESSURE, before=planted)
+        self.rec.steps.append(step)
+        pr = self.rec.pressure
+        r_tokens = self.rec.context_tokens
+        plan = plan_pressure(self.s, self.facts, planted, r_tokens)
+        pr.planned_tokens = plan.need_tokens
+        self.planned = 3 * r_tokens + min(plan.need_tokens, plan.cap_tokens)
+        self.emit(Phase.PRESSURE, f"LRU needs {plan.need_tokens} tokens of turnover")
+        page = self.facts.page_size or 1
+        now = planted
+        if planted is not None:
+            # One poll first: how fast does the server's own traffic turn the device pool over?
+            t_start = time.monotonic()
+            await asyncio.sleep(self.s.poll_interval_s)
+            now = await self.snap()
+            moved = turnover(planted, now) or 0.0
+            rate = moved / max(1e-6, time.monotonic() - t_start)
+            if not eviction_confirmed(planted, now, plan) and should_wait_passively(rate, plan.need_tokens - moved, self.s.passive_wait_s):
+                deadline = time.monotonic() + self.s.passive_wait_s
+                while time.monotonic() < deadline and not eviction_confirmed(planted, now, plan):
+                    self.emit(Phase.PRESSURE, f"server traffic: {turnover(planted, now) or 0:.0f}/{plan.need_tokens} tokens")
+                    await asyncio.sleep(self.s.poll_interval_s)
+                    now = await self.snap()
+        while not (planted is not None and eviction_confirmed(planted, now, plan)):
+            moved = turnover(planted, now)
+            remaining = plan.need_tokens - (moved if moved is not None else pr.synthetic_tokens)
+            if remaining <= 0 and (now is None or now.evicted_tokens is None):
+                break  # the planned turnover is done and nothing can confirm more
+            n = next_chunk(plan, remaining, pr.synthetic_tokens, page)
+            if n <= 0:
+                pr.limited_by = "max_pressure_tokens"
+                break
+            res = await self.send(None, n)
+            pr.synthetic_tokens += res.prompt_tokens
+            pr.chunks += 1
+            step.requests += 1
+            now = await self.snap()
+            self.emit(Phase.PRESSURE, f"filler {pr.chunks}")
+        pr.eviction_confirmed = planted is not None and eviction_confirmed(planted, now, plan)
+        pr.passive_tokens = int(max(0.0, min(plan.need_tokens, turnover(planted, now) or 0.0) - pr.synthetic_tokens))
+        step.prompt_tokens = pr.synthetic_tokens
+        step.after = now
+        return step
+
+
+def _tiers(res: GenerateResult) -> CachedTokens | None:
+    """Per-tier cached tokens; a reported 0 cached tokens is all tiers 0 (SGLang then omits details)."""
+    if res.details is not None:
+        return res.details
+    if res.cached_tokens == 0:
+        return CachedTokens()
+    return None
+
+
+def _restarted(first: CounterSnapshot, now: CounterSnapshot) -> bool:
+    if first.process_start_time is not None and now.process_start_time is not None:
+        return now.process_start_time != first.process_start_time
+    for attr in ("prompt_tokens", "evicted_tokens"):
+        a, b = getattr(first, attr), getattr(now, attr)
+        if a is not None and b is not None and b < a:
+            return True
+    return False
