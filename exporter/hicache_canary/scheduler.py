@@ -1,0 +1,454 @@
+"""Per-target probe loops: one asyncio task per target, one probe in flight per target.
+
+Decisions (when to probe next, whether the token budget allows a probe) are pure functions at the
+top of this file. The loop runs the probe function it is given (canary.run_probe in production, a
+fake in unit tests), folds each record into cumulative stats, and publishes an immutable
+`TargetSnapshot` per target, swapped under a lock, which is all the collector ever reads: a scrape
+never waits for a probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from .config import Target
+from .history import ResultHistory, record_to_dict, scrub
+from .models import CounterSnapshot, ErrorReason, Phase, ProbeRecord, ServerFacts, Verdict
+
+log = logging.getLogger("hicache_canary.scheduler")
+
+ProbeFn = Callable[..., Awaitable[ProbeRecord]]  # (client, ProbeSettings, *, progress=...) -> record
+ClientFactory = Callable[[Target], Any]  # -> an object with `async aclose()`
+EstimateFn = Callable[[Any, Target], Awaitable[int]]  # tokens the next probe will send; may raise
+
+LATENCY_PHASES = (Phase.COLD, Phase.REHOST, Phase.AGAIN)
+# Seconds; from a device hit (~0.1 s) to a cold 40K prefill (~15 s) and slow servers beyond.
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0)
+SKIPS = (Verdict.SKIPPED_BUSY, Verdict.SKIPPED_BUDGET)
+# Reasons that mean we did not reach a working server (the rest are answers from it).
+DOWN_REASONS = (ErrorReason.CONNECT_FAILED, ErrorReason.TIMEOUT, ErrorReason.HTTP_5XX, ErrorReason.SERVER_RESTARTED)
+BUDGET_WINDOW_S = 3600.0
+
+
+# ---------------------------------------------------------------- pure decisions
+
+
+def start_offset(index: int, count: int, interval: float, spread_cap: float = 30.0) -> float:
+    """Spread the first probes so targets don't all hit their servers (and our CPU) at once."""
+    if count <= 1:
+        return 0.0
+    return index * min(interval, spread_cap) / count
+
+
+def next_delay(verdict: Verdict | None, interval: float, consecutive_errors: int, budget_wait: float | None = None) -> float:
+    """Seconds until the next probe, before jitter."""
+    if verdict == Verdict.ERROR and consecutive_errors > 0:
+        # A blip is re-checked soon; a dead server is left alone, up to 4 intervals.
+        return min(interval / 4 * 2 ** (consecutive_errors - 1), interval * 4)
+    if verdict == Verdict.SKIPPED_BUSY:
+        return min(interval / 4, 300.0)
+    if verdict == Verdict.SKIPPED_BUDGET and budget_wait is not None:
+        return max(1.0, min(budget_wait, interval))
+    return interval
+
+
+def jittered(delay: float, rng: random.Random, spread: float = 0.1) -> float:
+    return delay * rng.uniform(1 - spread, 1 + spread)
+
+
+class TokenWindow:
+    """Prompt tokens actually sent in a sliding hour (not estimates)."""
+
+    def __init__(self, window_s: float = BUDGET_WINDOW_S):
+        self.window_s = window_s
+        self._events: deque[tuple[float, int]] = deque()
+
+    def _expire(self, now: float) -> None:
+        while self._events and self._events[0][0] <= now - self.window_s:
+            self._events.popleft()
+
+    def add(self, now: float, tokens: int) -> None:
+        if tokens > 0:
+            self._events.append((now, tokens))
+
+    def used(self, now: float) -> int:
+        self._expire(now)
+        return sum(t for _, t in self._events)
+
+    def remaining(self, now: float, budget: int) -> int:
+        return max(0, budget - self.used(now))
+
+    def wait_for(self, now: float, need: int, budget: int) -> float | None:
+        """Seconds until `need` tokens fit in the budget; None if they never will."""
+        if need > budget:
+            return None
+        self._expire(now)
+        used = sum(t for _, t in self._events)
+        for ts, tokens in self._events:
+            if budget - used >= need:
+                break
+            used -= tokens
+            if budget - used >= need:
+                return ts + self.window_s - now
+        return 0.0
+
+
+class Trigger(enum.Enum):
+    STARTED = "started"
+    IN_FLIGHT = "in_flight"
+    UNKNOWN = "unknown"
+
+
+# ---------------------------------------------------------------- published state
+
+
+@dataclass(frozen=True)
+class Histogram:
+    buckets: tuple[int, ...] = (0,) * len(LATENCY_BUCKETS)  # cumulative counts per upper bound
+    count: int = 0
+    sum: float = 0.0
+
+    def observe(self, v: float) -> Histogram:
+        b = tuple(c + (1 if v <= ub else 0) for c, ub in zip(self.buckets, LATENCY_BUCKETS))
+        return Histogram(b, self.count + 1, self.sum + v)
+
+
+@dataclass(frozen=True)
+class TargetSnapshot:
+    """Everything the collector and the API show for one target, never mutated once published."""
+
+    target: Target
+    last: ProbeRecord | None = None
+    last_measured: ProbeRecord | None = None  # the last probe that timed R at least once
+    server: ServerFacts | None = None  # the last /server_info a probe read
+    host_used_tokens: float | None = None
+    host_total_tokens: float | None = None
+    last_conclusive_at: float | None = None
+    last_error_reason: ErrorReason | None = None
+    streak: int = 0
+    streak_verdict: Verdict | None = None
+    in_progress: bool = False
+    phase: str | None = None
+    up: bool | None = None
+    budget_remaining: int = 0
+    next_probe_at: float | None = None  # wall clock
+    consecutive_errors: int = 0
+    probes_total: Mapping[Verdict, int] = field(default_factory=lambda: MappingProxyType({}))
+    errors_total: Mapping[ErrorReason, int] = field(default_factory=lambda: MappingProxyType({}))
+    tokens_canary: int = 0
+    tokens_pressure: int = 0
+    passive_tokens: int = 0
+    latency: Mapping[Phase, Histogram] = field(default_factory=lambda: MappingProxyType({}))
+
+
+class _Runner:
+    """Mutable per-target state, touched only from the event loop."""
+
+    def __init__(self, target: Target, history_limit: int):
+        self.target = target
+        self.snap = TargetSnapshot(target=target, budget_remaining=target.token_budget_per_hour)
+        self.history = ResultHistory(history_limit)
+        self.window = TokenWindow()
+        self.wake = asyncio.Event()
+        self.busy = False  # a probe requested or running: POST /api/probe answers 409
+        self.task: asyncio.Task[None] | None = None
+
+
+class Scheduler:
+    def __init__(
+        self,
+        targets: list[Target] | tuple[Target, ...],
+        probe_fn: ProbeFn,
+        client_factory: ClientFactory,
+        *,
+        estimate_fn: EstimateFn | None = None,
+        max_concurrent: int = 4,
+        history_limit: int = 100,
+        secrets: list[str] | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        initial_delay: Callable[[int, int, float], float] = start_offset,
+    ):
+        self._probe_fn = probe_fn
+        self._client_factory = client_factory
+        self._estimate_fn = estimate_fn
+        self._sem = asyncio.Semaphore(max_concurrent)
+        self._history_limit = history_limit
+        self._secrets = list(secrets or [])
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._wall = wall
+        self._initial_delay = initial_delay
+        self._runners: dict[str, _Runner] = {t.name: _Runner(t, history_limit) for t in targets}
+        self._lock = threading.Lock()
+        self._published: Mapping[str, TargetSnapshot] = MappingProxyType({})
+        self._started = False
+        self._publish_all()
+
+    # ---- reading (any thread)
+
+    def snapshot(self) -> Mapping[str, TargetSnapshot]:
+        with self._lock:
+            return self._published
+
+    def history(self, name: str) -> list[dict[str, Any]]:
+        r = self._runners.get(name)
+        return r.history.entries() if r else []
+
+    def healthy(self) -> tuple[bool, list[str]]:
+        """Exporter health: every target loop alive. Target trouble is a metric, not health."""
+        if not self._started:
+            return False, ["scheduler not started"]
+        dead = [n for n, r in self._runners.items() if r.task is None or r.task.done()]
+        return (not dead), [f"probe loop for {n} is not running" for n in dead]
+
+    # ---- control (event loop)
+
+    def start(self) -> None:
+        self._started = True
+        n = len(self._runners)
+        for i, r in enumerate(self._runners.values()):
+            self._spawn(r, self._initial_delay(i, n, r.target.interval_s))
+
+    def _spawn(self, r: _Runner, delay: float) -> None:
+        r.task = asyncio.get_running_loop().create_task(self._loop(r, delay), name=f"probe-loop:{r.target.name}")
+
+    async def stop(self) -> None:
+        """Cancel every loop; an in-flight probe closes its connections so the server aborts."""
+        tasks = [r.task for r in self._runners.values() if r.task]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._started = False
+
+    def trigger(self, name: str) -> Trigger:
+        r = self._runners.get(name)
+        if r is None:
+            return Trigger.UNKNOWN
+        if r.busy:
+            return Trigger.IN_FLIGHT
+        r.busy = True
+        r.wake.set()
+        return Trigger.STARTED
+
+    def add_target(self, target: Target) -> None:
+        if target.name in self._runners:
+            return
+        r = _Runner(target, self._history_limit)
+        self._runners[target.name] = r
+        if target.api_key:
+            self._secrets.append(target.api_key.get_secret_value())
+        if self._started:
+            self._spawn(r, 0.0)
+        self._publish(r, r.snap)
+
+    async def remove_target(self, name: str) -> None:
+        r = self._runners.pop(name, None)
+        if r is None:
+            return
+        if r.task:
+            r.task.cancel()
+            await asyncio.gather(r.task, return_exceptions=True)
+        with self._lock:
+            self._published = MappingProxyType({k: v for k, v in self._published.items() if k != name})
+
+    def targets(self) -> list[Target]:
+        return [r.target for r in self._runners.values()]
+
+    # ---- the loop
+
+    async def _loop(self, r: _Runner, delay: float) -> None:
+        while True:
+            self._publish(r, replace(r.snap, next_probe_at=self._wall() + delay))
+            try:
+                await asyncio.wait_for(r.wake.wait(), timeout=delay)
+            except asyncio.TimeoutError:
+                pass
+            r.wake.clear()
+            r.busy = True
+            try:
+                budget_wait = await self._cycle(r)
+            finally:
+                r.busy = False
+            s = r.snap
+            verdict = s.last.verdict if s.last else None
+            delay = jittered(next_delay(verdict, r.target.interval_s, s.consecutive_errors, budget_wait), self._rng)
+
+    async def _cycle(self, r: _Runner) -> float | None:
+        """One probe (or one skip). Returns the wait until the budget allows one, if it did not."""
+        t = r.target
+        async with self._sem:
+            self._publish(r, replace(r.snap, in_progress=True, phase="preflight"))
+            budget_wait: float | None = None
+            up: bool | None = None
+            client = self._client_factory(t)
+            try:
+                need = 3 * t.probe.context_tokens  # R's three sends at least, if the server can't tell us more
+                if self._estimate_fn is not None:
+                    try:
+                        need = max(1, int(await self._estimate_fn(client, t)))
+                        up = True
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:  # the probe itself will report what is wrong
+                        log.debug("target %s: estimate failed (%s)", t.name, type(exc).__name__)
+                now = self._clock()
+                remaining = r.window.remaining(now, t.token_budget_per_hour)
+                if need > remaining:
+                    rec = self._budget_record(t, need, remaining)
+                    budget_wait = r.window.wait_for(now, need, t.token_budget_per_hour)
+                else:
+                    rec = await self._probe(client, r)
+            finally:
+                await _close(client)
+        self._apply(r, rec, up)
+        return budget_wait
+
+    async def _probe(self, client: Any, r: _Runner) -> ProbeRecord:
+        def progress(event: Any) -> None:
+            # canary.ProgressEvent (or a bare Phase from a fake): only the phase name is kept
+            phase = getattr(event, "phase", event)
+            name = phase.value if isinstance(phase, Phase) else str(phase)
+            if r.snap.in_progress and name != "done":
+                self._publish(r, replace(r.snap, phase=name))
+
+        started = self._wall()
+        try:
+            return await self._probe_fn(client, r.target.probe, progress=progress)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the canary promises not to raise; if it does, say so as a value
+            log.error("target %s: probe crashed: %s", r.target.name, type(exc).__name__)
+            return ProbeRecord(
+                target=r.target.name,
+                started_at=started,
+                finished_at=self._wall(),
+                verdict=Verdict.ERROR,
+                reason=ErrorReason.INTERNAL,
+                evidence=f"internal error in the probe ({type(exc).__name__})",
+            )
+
+    def _budget_record(self, t: Target, need: int, remaining: int) -> ProbeRecord:
+        now = self._wall()
+        return ProbeRecord(
+            target=t.name,
+            started_at=now,
+            finished_at=now,
+            context_tokens=t.probe.context_tokens,
+            verdict=Verdict.SKIPPED_BUDGET,
+            evidence=f"next probe needs about {need} tokens; {remaining} left of {t.token_budget_per_hour} this hour",
+        )
+
+    def _apply(self, r: _Runner, rec: ProbeRecord, up: bool | None) -> None:
+        s = r.snap
+        verdict = rec.verdict or Verdict.ERROR
+        if rec.finished_at is None:
+            rec.finished_at = self._wall()
+        sent = rec.tokens_canary + rec.tokens_pressure
+        now = self._clock()
+        r.window.add(now, sent)
+        probes = dict(s.probes_total)
+        probes[verdict] = probes.get(verdict, 0) + 1
+        errors = dict(s.errors_total)
+        last_error = s.last_error_reason
+        consecutive = 0
+        if verdict == Verdict.ERROR:
+            reason = rec.reason or ErrorReason.INTERNAL
+            errors[reason] = errors.get(reason, 0) + 1
+            last_error = reason
+            consecutive = s.consecutive_errors + 1
+            up = reason not in DOWN_REASONS
+        elif verdict in SKIPS:
+            consecutive = s.consecutive_errors  # a skip is neither a success nor a failure
+            if verdict == Verdict.SKIPPED_BUSY:
+                up = True
+        else:
+            up = True
+        streak, streak_verdict = s.streak, s.streak_verdict
+        if verdict not in SKIPS:
+            streak = streak + 1 if verdict == streak_verdict else 1
+            streak_verdict = verdict
+        latency = dict(s.latency)
+        for phase in LATENCY_PHASES:
+            step = rec.step(phase)
+            if step is not None and step.latency_s is not None:
+                latency[phase] = latency.get(phase, Histogram()).observe(step.latency_s)
+        measured = any(rec.step(p) is not None and rec.step(p).latency_s is not None for p in LATENCY_PHASES)
+        counters = _latest_counters(rec)
+        new = replace(
+            s,
+            last=rec,
+            last_measured=rec if measured else s.last_measured,
+            server=rec.server or s.server,
+            host_used_tokens=counters.host_used_tokens if counters and counters.host_used_tokens is not None else s.host_used_tokens,
+            host_total_tokens=counters.host_total_tokens if counters and counters.host_total_tokens is not None else s.host_total_tokens,
+            last_conclusive_at=rec.finished_at if verdict.conclusive else s.last_conclusive_at,
+            last_error_reason=last_error,
+            streak=streak,
+            streak_verdict=streak_verdict,
+            in_progress=False,
+            phase=None,
+            up=s.up if up is None else up,
+            budget_remaining=r.window.remaining(now, r.target.token_budget_per_hour),
+            consecutive_errors=consecutive,
+            probes_total=MappingProxyType(probes),
+            errors_total=MappingProxyType(errors),
+            tokens_canary=s.tokens_canary + rec.tokens_canary,
+            tokens_pressure=s.tokens_pressure + rec.tokens_pressure,
+            passive_tokens=s.passive_tokens + rec.pressure.passive_tokens,
+            latency=MappingProxyType(latency),
+        )
+        r.history.add(record_to_dict(rec, self._secrets))
+        self._publish(r, new)
+        detail = rec.cause.value if verdict == Verdict.SILENT else (rec.reason.value if rec.reason else "")
+        log.info(
+            "target %s: %s%s ratio=%s tokens=%d passive=%d",
+            r.target.name,
+            verdict.value,
+            f" ({detail})" if detail else "",
+            "-" if rec.rehost_cold_ratio is None else f"{rec.rehost_cold_ratio:.3f}",
+            sent,
+            rec.pressure.passive_tokens,
+        )
+        if rec.evidence:
+            log.debug("target %s: %s", r.target.name, scrub(rec.evidence, self._secrets))
+
+    def _publish(self, r: _Runner, snap: TargetSnapshot) -> None:
+        r.snap = snap
+        with self._lock:
+            if r.target.name in self._runners or not self._published:
+                self._published = MappingProxyType({**self._published, r.target.name: snap})
+
+    def _publish_all(self) -> None:
+        with self._lock:
+            self._published = MappingProxyType({n: r.snap for n, r in self._runners.items()})
+
+
+def _latest_counters(rec: ProbeRecord) -> CounterSnapshot | None:
+    for step in reversed(rec.steps):
+        for snap in (step.after, step.before):
+            if snap is not None:
+                return snap
+    return None
+
+
+async def _close(client: Any) -> None:
+    close = getattr(client, "aclose", None)
+    if close is not None:
+        try:
+            await asyncio.shield(close())
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # closing a broken connection must not hide the probe's result
+            pass

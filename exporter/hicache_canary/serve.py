@@ -1,0 +1,117 @@
+"""`hicache-canary serve`: load the config, wire scheduler + collector + app, run uvicorn (one worker).
+
+A bad config exits 2 with one line per problem before anything starts. The probe function is
+canary.run_probe and clients are SGLangClient; both are imported here only, so the rest of the
+exporter can be tested with fakes. Logs carry target names, verdicts and reasons, never an API
+key or the probe token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+from .config import ConfigError, Settings, Target, load_settings
+
+log = logging.getLogger("hicache_canary.serve")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", default=os.environ.get("HICACHE_CANARY_CONFIG"),
+                        help="exporter config (YAML); without it, HICACHE_CANARY_TARGET_URL etc. from the environment")
+    parser.add_argument("--host", help="listen address (overrides listen.host)")
+    parser.add_argument("--port", type=int, help="listen port (overrides listen.port)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _client_factory(target: Target) -> Any:
+    from .sglang_client import SGLangClient
+
+    key = target.api_key.get_secret_value() if target.api_key else None
+    return SGLangClient(target.url, api_key=key)
+
+
+async def _estimate(client: Any, target: Target) -> int:
+    """Tokens the next probe will send on an idle server (the budget check); raises if unreachable."""
+    from .pressure import estimate_probe_tokens
+    from .sglang_client import SGLangError
+
+    facts = await client.server_info()
+    try:
+        snap = await client.metrics()
+    except SGLangError:
+        snap = None  # metrics disabled: estimate from /server_info alone
+    return estimate_probe_tokens(target.probe, facts, snap)
+
+
+def build(settings: Settings) -> Any:
+    """The ASGI app for these settings, with the real canary behind it."""
+    from prometheus_client import CollectorRegistry
+
+    from .app import create_app
+    from .canary import run_probe
+    from .collector import CanaryCollector
+    from .scheduler import Scheduler
+
+    scheduler = Scheduler(
+        settings.targets,
+        run_probe,
+        _client_factory,
+        estimate_fn=_estimate,
+        max_concurrent=settings.max_concurrent_probes,
+        history_limit=settings.history_limit,
+        secrets=settings.secrets(),
+    )
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(CanaryCollector(scheduler.snapshot))
+    background = []
+    if settings.docker is not None:
+        from .discovery import DockerDiscovery
+
+        background.append(DockerDiscovery(settings, scheduler).run)
+    return create_app(settings, scheduler, registry, background=background)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .config_cli import report
+
+    try:
+        settings = load_settings(args.config, os.environ)
+    except ConfigError as exc:
+        report(exc)
+        return 2
+    if args.port is not None and not 1 <= args.port <= 65535:
+        print(f"--port: {args.port} is not a port number", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    level = args.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host = args.host or settings.listen_host
+    port = args.port or settings.listen_port
+    log.info(
+        "serving on http://%s:%d: %d target(s) [%s]%s; probe API %s",
+        host,
+        port,
+        len(settings.targets),
+        ", ".join(f"{t.name}={t.url}" for t in settings.targets),
+        ", docker discovery on" if settings.docker else "",
+        "enabled" if settings.probe_api_token else "disabled (no token)",
+    )
+    config = uvicorn.Config(
+        build(settings),
+        host=host,
+        port=port,
+        log_level=args.log_level,
+        access_log=args.log_level == "debug",
+        lifespan="on",
+        workers=1,
+        timeout_graceful_shutdown=5,
+        server_header=False,
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 1
