@@ -315,30 +315,62 @@ def _message(err: Mapping[str, Any]) -> str:
     for prefix in ("Value error, ", "Assertion failed, "):
         if msg.startswith(prefix):
             msg = msg[len(prefix):]
+    if msg.startswith("Input should be "):
+        msg = "must be " + msg[len("Input should be "):]
     return msg.splitlines()[0]
 
 
+def _env_value(var: str, raw: str, check: Any, problems: list[str]) -> Any:
+    """Validate one HICACHE_CANARY_* value, naming the variable (not a YAML path) on error."""
+    try:
+        return check(raw)
+    except ValueError as exc:
+        problems.append(f"{var}: {exc}")
+        return None
+
+
+def _positive_int(raw: str) -> int:
+    if not raw.strip().isdigit() or int(raw) <= 0:
+        raise ValueError(f"{raw!r} is not a positive whole number")
+    return int(raw)
+
+
+def _port(raw: str) -> int:
+    if not raw.strip().isdigit() or not 1 <= int(raw) <= 65535:
+        raise ValueError(f"{raw!r} is not a port number")
+    return int(raw)
+
+
 def _env_overrides(doc: dict[str, Any], env: Mapping[str, str], problems: list[str]) -> dict[str, Any]:
-    """Apply HICACHE_CANARY_* variables to the raw document, so they get the same validation."""
+    """Apply HICACHE_CANARY_* variables to the raw document (env wins over the file)."""
     doc = dict(doc)
-    url = env.get("HICACHE_CANARY_TARGET_URL")
-    if url:
+    targets = list(doc.get("targets") or []) if isinstance(doc.get("targets") or [], list) else doc.get("targets")
+    raw_url = env.get("HICACHE_CANARY_TARGET_URL")
+    if raw_url and isinstance(targets, list):
+        url = _env_value("HICACHE_CANARY_TARGET_URL", raw_url, validate_url, problems)
         name = env.get("HICACHE_CANARY_TARGET_NAME") or "sglang"
-        targets = [t for t in (doc.get("targets") or []) if not (isinstance(t, dict) and t.get("name") == name)]
-        kept = next((t for t in (doc.get("targets") or []) if isinstance(t, dict) and t.get("name") == name), {})
-        targets.append({**kept, "name": name, "url": url})
-        doc["targets"] = targets
-    for var, key in (("HICACHE_CANARY_INTERVAL", "interval"), ("HICACHE_CANARY_CONTEXT_TOKENS", "context_tokens")):
+        if not NAME_RE.match(name):
+            problems.append(f"HICACHE_CANARY_TARGET_NAME: {name!r} is not a valid name (use 1-63 of a-z 0-9 _ . -)")
+        elif url is not None:
+            kept = next((t for t in targets if isinstance(t, dict) and t.get("name") == name), {})
+            targets = [t for t in targets if not (isinstance(t, dict) and t.get("name") == name)]
+            targets.append({**kept, "name": name, "url": url})
+    for var, key, check in (
+        ("HICACHE_CANARY_INTERVAL", "interval", parse_duration),
+        ("HICACHE_CANARY_CONTEXT_TOKENS", "context_tokens", _positive_int),
+    ):
         if env.get(var):
-            # env wins over the file: it is how an operator overrides a mounted config
-            doc["defaults"] = {**(doc.get("defaults") or {}), key: env[var]}
-            doc["targets"] = [({**t, key: env[var]} if isinstance(t, dict) else t) for t in (doc.get("targets") or [])]
-    port = env.get("HICACHE_CANARY_LISTEN_PORT")
-    if port:
-        if not port.isdigit():
-            problems.append(f"HICACHE_CANARY_LISTEN_PORT: {port!r} is not a port number")
-        else:
-            doc["listen"] = {**(doc.get("listen") or {}), "port": int(port)}
+            value = _env_value(var, env[var], check, problems)
+            if value is not None and isinstance(targets, list):
+                # env wins over the file: it is how an operator overrides a mounted config
+                doc["defaults"] = {**(doc.get("defaults") or {}), key: value}
+                targets = [({**t, key: value} if isinstance(t, dict) else t) for t in targets]
+    if targets is not None:
+        doc["targets"] = targets
+    if env.get("HICACHE_CANARY_LISTEN_PORT"):
+        port = _env_value("HICACHE_CANARY_LISTEN_PORT", env["HICACHE_CANARY_LISTEN_PORT"], _port, problems)
+        if port is not None:
+            doc["listen"] = {**(doc.get("listen") or {}), "port": port}
     return doc
 
 
