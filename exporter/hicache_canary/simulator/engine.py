@@ -106,7 +106,8 @@ class Engine:
         self._seq += 1
         return f"{self.rng.getrandbits(64):016x}{self._seq:016x}"
 
-    async def generate(self, tokens: tuple, max_new_tokens: int, kind: str = "generate", streaming: bool = False) -> GenResult:
+    async def generate(self, tokens: tuple, max_new_tokens: int, kind: str = "generate", streaming: bool = False,
+                       log_metrics: bool = True) -> GenResult:
         s = self.stats
         s.requests_by_kind[kind] = s.requests_by_kind.get(kind, 0) + 1
         t_arrive = time.monotonic()
@@ -142,7 +143,8 @@ class Engine:
             self._slots.release()
             self._freed.set()
         e2e = queue_s + service
-        self._account(len(tokens), max_new_tokens, device, host, uncached, service, queue_s, e2e, streaming)
+        if log_metrics:
+            self._account(len(tokens), max_new_tokens, device, host, uncached, service, queue_s, e2e, streaming)
         return GenResult(self._next_rid(), len(tokens), max_new_tokens, device, host, e2e, queue_s)
 
     async def _admit(self, tokens: tuple, max_new_tokens: int) -> tuple[Match, int]:
