@@ -113,23 +113,32 @@ def _d(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else b - a
 
 
+def _grew(then: float | None, now: float | None) -> float | None:
+    """Counter delta; a counter absent then but present now was created since (SGLang creates lazily)."""
+    if now is None:
+        return None
+    return now - (then or 0.0)
+
+
 def turnover(planted: CounterSnapshot | None, now: CounterSnapshot | None) -> float | None:
     """Device-pool allocations since R was planted (everyone's); None when nothing tells."""
     if planted is None or now is None:
         return None
-    evicted = _d(planted.evicted_tokens, now.evicted_tokens)
+    evicted = _grew(planted.evicted_tokens, now.evicted_tokens)
     free_used = _d(now.kv_available_tokens, planted.kv_available_tokens)
     if evicted is not None and free_used is not None:
         return max(0.0, free_used) + max(0.0, evicted)
-    prompt = _d(planted.prompt_tokens, now.prompt_tokens)
+    prompt = _grew(planted.prompt_tokens, now.prompt_tokens)
     if prompt is None:
         return max(0.0, evicted) if evicted is not None else None
-    cached = _d(sum((planted.cached_tokens or {}).values()), sum((now.cached_tokens or {}).values()))
+    cached = sum((now.cached_tokens or {}).values()) - sum((planted.cached_tokens or {}).values())
     return max(0.0, prompt - max(0.0, cached or 0.0))
 
 
 def eviction_confirmed(planted: CounterSnapshot | None, now: CounterSnapshot | None, plan: PressurePlan) -> bool:
-    evicted = _d(planted.evicted_tokens if planted else None, now.evicted_tokens if now else None)
+    if planted is None or now is None:
+        return False
+    evicted = _grew(planted.evicted_tokens, now.evicted_tokens)
     return evicted is not None and evicted >= plan.evict_target
 
 

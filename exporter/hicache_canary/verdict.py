@@ -84,23 +84,45 @@ def _delta(before: float | None, after: float | None) -> float | None:
     return max(0.0, after - before)
 
 
-def _child(d: dict[str, float] | None, key: str, family_seen: bool) -> float | None:
-    """A labelled child; absent child of a present family counts as 0 (SGLang creates it lazily)."""
+def _child(d: dict[str, float] | None, key: str, known: bool) -> float | None:
+    """A labelled child; an absent child of a family this server has counts as 0 (SGLang creates
+    children, and some whole families, only on their first increment)."""
     if d is not None and key in d:
         return d[key]
-    return 0.0 if family_seen else None
+    return 0.0 if known else None
 
 
 def _sum(d: dict[str, float] | None) -> float | None:
     return None if d is None else sum(d.values())
 
 
-def _labelled_delta(before: CounterSnapshot | None, after: CounterSnapshot | None, attr: str, key: str, family: str) -> float | None:
+COUNTER_FAMILIES = {
+    "backup_tokens": "hicache_backup_tokens_total",
+    "load_back_tokens": "load_back_tokens_total",
+    "cached_tokens": "cached_tokens_total",
+    "prefill_effective_tokens": "prefill_effective_tokens_total",
+    "dropped_tokens": "hicache_dropped_tokens_total",
+}
+
+
+def known_counters(record: ProbeRecord) -> frozenset[str]:
+    """Counter fields this server evidently exports: seen in any snapshot of the probe."""
+    seen = set()
+    for step in record.steps:
+        for snap in (step.before, step.after):
+            if snap is None:
+                continue
+            for attr, family in COUNTER_FAMILIES.items():
+                if getattr(snap, attr) is not None or family in snap.families:
+                    seen.add(attr)
+    return frozenset(seen)
+
+
+def _labelled_delta(before: CounterSnapshot | None, after: CounterSnapshot | None, attr: str, key: str, known: frozenset[str]) -> float | None:
     if before is None or after is None:
         return None
-    seen_b = family in before.families or getattr(before, attr) is not None
-    seen_a = family in after.families or getattr(after, attr) is not None
-    return _delta(_child(getattr(before, attr), key, seen_b), _child(getattr(after, attr), key, seen_a))
+    k = attr in known
+    return _delta(_child(getattr(before, attr), key, k), _child(getattr(after, attr), key, k))
 
 
 def _has_tier_labels(snap: CounterSnapshot | None) -> bool:
@@ -114,26 +136,24 @@ class TierCounts:
     source: str
 
 
-def counter_tiers(step: StepRecord | None) -> TierCounts | None:
+def counter_tiers(step: StepRecord | None, known: frozenset[str]) -> TierCounts | None:
     """Host (and device) cached tokens over one step from SGLang's counters, best family first."""
     if step is None or step.before is None or step.after is None:
         return None
     b, a = step.before, step.after
     if _has_tier_labels(b) or _has_tier_labels(a):
-        host = _labelled_delta(b, a, "cached_tokens", "host", "cached_tokens_total")
-        dev = _labelled_delta(b, a, "cached_tokens", "device", "cached_tokens_total")
+        host = _labelled_delta(b, a, "cached_tokens", "host", known)
+        dev = _labelled_delta(b, a, "cached_tokens", "device", known)
         if host is not None:
             return TierCounts(dev, host, "cached_tokens_total{cache_source}")
-    if b.prefill_effective_tokens is not None and a.prefill_effective_tokens is not None:
-        host = _labelled_delta(b, a, "prefill_effective_tokens", "host_hit", "prefill_effective_tokens_total")
-        dev = _labelled_delta(b, a, "prefill_effective_tokens", "device_hit", "prefill_effective_tokens_total")
+    if "prefill_effective_tokens" in known:
+        host = _labelled_delta(b, a, "prefill_effective_tokens", "host_hit", known)
+        dev = _labelled_delta(b, a, "prefill_effective_tokens", "device_hit", known)
         if host is not None:
             return TierCounts(dev, host, "prefill_effective_tokens_total{mode}")
-    # load_back_* appears only after its first increment: trust its absence as 0 only where the same
+    # load_back_* appears only after its first load-back: trust its absence as 0 only where the same
     # radix collector evidently exists (its backup counter is there).
-    lb_seen = lambda s: s.load_back_tokens is not None or "load_back_tokens_total" in s.families  # noqa: E731
-    radix = lambda s: s.backup_tokens is not None or "hicache_backup_tokens_total" in s.families  # noqa: E731
-    if (lb_seen(b) or radix(b)) and (lb_seen(a) or radix(a)):
+    if "load_back_tokens" in known or "backup_tokens" in known:
         host = _delta(_sum(b.load_back_tokens) or 0.0, _sum(a.load_back_tokens) or 0.0)
         return TierCounts(None, host or 0.0, "load_back_tokens_total")
     return None
@@ -164,9 +184,10 @@ def suspect_cause(record: ProbeRecord) -> tuple[Cause, str]:
     end = (rehost.before if rehost else None) or (pressure.after if pressure else None)
     if start is None or end is None:
         return Cause.UNKNOWN, "SGLang counters were not available"
-    kv_cold = _labelled_delta(start, planted, "backup_tokens", "kv", "hicache_backup_tokens_total")
-    kv_all = _labelled_delta(start, end, "backup_tokens", "kv", "hicache_backup_tokens_total")
-    mamba_all = _labelled_delta(start, end, "backup_tokens", "mamba", "hicache_backup_tokens_total")
+    known = known_counters(record)
+    kv_cold = _labelled_delta(start, planted, "backup_tokens", "kv", known)
+    kv_all = _labelled_delta(start, end, "backup_tokens", "kv", known)
+    mamba_all = _labelled_delta(start, end, "backup_tokens", "mamba", known)
     length = cold.prompt_tokens if cold else record.context_tokens
     if (
         facts.write_policy == "write_through"
@@ -179,7 +200,7 @@ def suspect_cause(record: ProbeRecord) -> tuple[Cause, str]:
             f"R ({length} tokens) is longer than chunked_prefill_size {facts.chunked_prefill_size} "
             f"and only {kv_cold:.0f} KV tokens were backed up after its cold prefill"
         )
-    dropped = _delta(_sum(start.dropped_tokens), _sum(end.dropped_tokens))
+    dropped = _delta(_sum(start.dropped_tokens) or 0.0, _sum(end.dropped_tokens) or 0.0)
     host_full = (
         end.host_used_tokens is not None
         and end.host_total_tokens
@@ -206,7 +227,7 @@ def suspect_cause(record: ProbeRecord) -> tuple[Cause, str]:
             f"{kv_all:.0f} KV tokens but only {mamba_all or 0:.0f} Mamba states were backed up "
             f"for {contexts} inserted contexts"
         )
-    load_back = _labelled_delta(rehost.before, rehost.after, "load_back_tokens", "kv", "load_back_tokens_total") if rehost else None
+    load_back = _labelled_delta(rehost.before, rehost.after, "load_back_tokens", "kv", known | {"load_back_tokens"}) if rehost else None
     if load_back is None and rehost is not None and rehost.before and rehost.after:
         load_back = _delta(_sum(rehost.before.load_back_tokens) or 0.0, _sum(rehost.after.load_back_tokens) or 0.0)
     if kv_all >= KV_BACKUP_SHARE * r and (load_back or 0) == 0:
@@ -237,7 +258,8 @@ def decide(record: ProbeRecord, settings: ProbeSettings | None = None) -> Decisi
     if rehost.cached is not None:
         again_dev = again.cached.device if again.cached is not None else None
         return _from_shares(record, settings, r, rehost.cached.device, rehost.cached.host, again_dev, "cached_tokens_details", lat, base, True)
-    tiers, again_tiers = counter_tiers(rehost), counter_tiers(again)
+    known = known_counters(record)
+    tiers, again_tiers = counter_tiers(rehost, known), counter_tiers(again, known)
     if tiers is not None:
         again_dev = again_tiers.device if again_tiers else None
         return _from_shares(record, settings, r, tiers.device, tiers.host, again_dev, tiers.source, lat, base, False)
