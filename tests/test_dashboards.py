@@ -424,3 +424,11 @@ def test_dashboard_provider_points_where_compose_mounts_the_dashboards():
     compose = yaml.safe_load((REPO / "compose.yaml").read_text())
     mounts = compose["services"]["grafana"]["volumes"]
     assert any(m.split(":")[0] == "./grafana/dashboards" and m.split(":")[1] == path for m in mounts), mounts
+
+
+def test_docs_list_every_panel(dashboards):
+    docs = " ".join((REPO / "docs" / "dashboards.md").read_text().split())  # ignore line wrapping
+    for name, dash in dashboards:
+        for p in iter_panels(dash):
+            if p["type"] != "row":
+                assert p["title"] in docs, f"docs/dashboards.md does not describe {name}: {p['title']!r}"
