@@ -266,3 +266,50 @@ def test_target_down_inhibits_canary_alerts_of_the_same_target_in_alertmanager(t
         assert got == expected
     finally:
         am.stop()
+
+
+def test_real_prometheus_loads_the_rules_and_the_watchdog_reaches_the_heartbeat_receiver(tmp_path: Path):
+    """The rendered configs in the real binaries: every rule evaluates cleanly, the exporter being
+    down shows up as HiCacheCanaryStale, and the watchdog arrives at the heartbeat webhook."""
+    import tempfile
+
+    from procs import Proc, free_port
+    from stack import WebhookReceiver, prom_query, start_alertmanager
+
+    with WebhookReceiver() as hook:
+        am_cfg = render_alertmanager_config(tmp_path / "am", {n: f"{hook.url}/{n}" for n in SECRET_NAMES})
+        am = prom = None
+        try:
+            am, am_url = start_alertmanager(am_cfg, name="am-rules")
+            nobody = f"127.0.0.1:{free_port()}"  # nothing listens: the exporter and SGLang are "down"
+            prom_cfg = render_prometheus_config(
+                tmp_path / "prom", exporter=nobody, sglang={"sglang-0": nobody}, alertmanager=am_url.removeprefix("http://")
+            )
+            # Prometheus drops the first notification if it fires before Alertmanager is discovered and
+            # resends only after --rules.alert.resend-delay (1m by default): shorten it for the watchdog.
+            port = free_port()
+            prom = Proc("prom-rules", [
+                require_binary("prometheus"), f"--config.file={prom_cfg}", f"--storage.tsdb.path={tempfile.mkdtemp(prefix='prom-data-')}",
+                f"--web.listen-address=127.0.0.1:{port}", "--rules.alert.resend-delay=1s",
+            ])
+            prom_url = f"http://127.0.0.1:{port}"
+            prom.wait_http(prom_url + "/-/ready", timeout=60, ok=lambda r: r.status_code == 200)
+            beat = hook.wait_for(lambda a: a["labels"].get("alertname") == "HiCacheCanaryWatchdog", 30, "watchdog heartbeat")
+            assert beat["status"] == "firing"
+            assert [p for p, _, _ in hook.notifications if p != "/heartbeat_webhook_url"] == []
+            deadline = time.monotonic() + 20
+            while True:
+                groups = httpx.get(prom_url + "/api/v1/rules", timeout=5).json()["data"]["groups"]
+                rules = [r for g in groups for r in g["rules"]]
+                if all(not r.get("lastEvaluation", "0001").startswith("0001") for r in rules):
+                    break
+                assert time.monotonic() < deadline, "rules never evaluated"
+                time.sleep(0.2)
+            assert len(rules) == 23
+            assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
+            pending = prom_query(prom_url, 'ALERTS{alertname="HiCacheCanaryStale"}')
+            assert [(a["metric"]["alertstate"], a["metric"]["instance"]) for a in pending] == [("pending", nobody)]
+        finally:
+            for proc in (prom, am):
+                if proc:
+                    proc.stop()
