@@ -117,10 +117,11 @@ class Engine:
         finally:
             self.queued -= 1
         self.running += 1
+        # Queue time is waiting for a slot, in simulated seconds; the model's own CPU work is not GPU time.
+        queue_s = (time.monotonic() - t_arrive) / self.cfg.time_scale
         reserved, match = 0, None
         try:
             match, reserved = await self._admit(tokens, max_new_tokens)
-            queue_s = (time.monotonic() - t_arrive) / self.cfg.time_scale
             device, host = match.device_tokens, match.loaded
             uncached = len(tokens) - match.cached
             service = request_seconds(uncached, host, max_new_tokens)
