@@ -57,6 +57,9 @@ def render_prometheus_config(
     else:
         cfg.pop("alerting")
     jobs = {job["job_name"]: job for job in cfg["scrape_configs"]}
+    for job in jobs.values():  # the compose demo's DNS discovery has nothing to find here
+        job.pop("dns_sd_configs", None)
+        job.pop("relabel_configs", None)
     jobs["hicache-canary"]["static_configs"] = [{"targets": [exporter]}]
     jobs["sglang"]["static_configs"] = [{"targets": [addr], "labels": {"target": name}} for name, addr in sglang.items()]
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -101,6 +104,7 @@ def test_promtool_check_config_committed_and_rendered(tmp_path: Path):
     cfg = yaml.safe_load(rendered.read_text())
     sglang_job = next(j for j in cfg["scrape_configs"] if j["job_name"] == "sglang")
     assert [sc["labels"]["target"] for sc in sglang_job["static_configs"]] == ["sim-wt", "sim-wb"]
+    assert "dns_sd_configs" not in sglang_job and "relabel_configs" not in sglang_job
 
 
 def test_committed_scrape_config_targets_compose_services():
@@ -109,6 +113,11 @@ def test_committed_scrape_config_targets_compose_services():
     assert jobs["hicache-canary"]["static_configs"][0]["targets"] == ["exporter:9807"]
     assert jobs["sglang"]["static_configs"] == [{"targets": ["host.docker.internal:30000"], "labels": {"target": "sglang"}}]
     assert cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
+    demo = yaml.safe_load((REPO / "deploy" / "hicache-canary.demo.yml").read_text())
+    assert jobs["hicache-canary"]["dns_sd_configs"][0]["names"] == ["exporter-demo"]
+    assert jobs["sglang"]["dns_sd_configs"][0]["names"] == ["simulator"]
+    demo_target = jobs["sglang"]["relabel_configs"][0]
+    assert (demo_target["target_label"], demo_target["replacement"]) == ("target", demo["targets"][0]["name"])
 
 
 def test_promtool_check_rules():
