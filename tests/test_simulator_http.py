@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from procs import canary_argv, start_simulator
+from test_simulator_metrics import FIXTURES
 
 SCALE = 0.02  # a 40K cold prefill takes ~0.3 s of wall time
 HYBRID_REPORT = ("--enable-hierarchical-cache", "--hybrid-model", "--enable-metrics", "--tp-size", "2",
@@ -142,7 +143,7 @@ def test_server_info_model_info_and_metrics_switch(sim):
     _, c = sim("--enable-hierarchical-cache", "--hybrid-model", "--hicache-write-policy", "write_back",
                "--page-size", "64", "--max-total-tokens", "123456", "--tp-size", "2")
     info = c.get("/server_info").json()
-    seed = json.loads(open("/work/shared/fixtures/sglang-0.5.23/server_info_seed.json").read())
+    seed = json.loads((FIXTURES / "sglang-0.5.23/server_info_seed.json").read_text())
     assert set(info) == set(seed)
     assert (info["max_total_num_tokens"], info["max_req_input_len"], info["version"]) == (123456, 123455, "0.5.23")
     assert (info["hicache_write_policy"], info["page_size"], info["uses_mamba_radix_cache"]) == ("write_back", 64, True)
