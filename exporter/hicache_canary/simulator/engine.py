@@ -111,14 +111,16 @@ class Engine:
         s = self.stats
         s.requests_by_kind[kind] = s.requests_by_kind.get(kind, 0) + 1
         t_arrive = time.monotonic()
+        must_wait = self._slots.locked()
         self.queued += 1
         try:
             await self._slots.acquire()
         finally:
             self.queued -= 1
         self.running += 1
-        # Queue time is waiting for a slot, in simulated seconds; the model's own CPU work is not GPU time.
-        queue_s = (time.monotonic() - t_arrive) / self.cfg.time_scale
+        # Queue time is waiting for a slot, in simulated seconds; the event loop's own microseconds are not
+        # (divided by a small time scale they would read as seconds).
+        queue_s = (time.monotonic() - t_arrive) / self.cfg.time_scale if must_wait else 0.0
         reserved, match = 0, None
         try:
             match, reserved = await self._admit(tokens, max_new_tokens)
