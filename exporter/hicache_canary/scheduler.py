@@ -194,6 +194,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self._published: Mapping[str, TargetSnapshot] = MappingProxyType({})
         self._started = False
+        self._stopping = False
         self._publish_all()
 
     # ---- reading (any thread)
@@ -217,6 +218,7 @@ class Scheduler:
 
     def start(self) -> None:
         self._started = True
+        self._stopping = False
         n = len(self._runners)
         for i, r in enumerate(self._runners.values()):
             self._spawn(r, self._initial_delay(i, n, r.target.interval_s))
@@ -226,6 +228,7 @@ class Scheduler:
 
     async def stop(self) -> None:
         """Cancel every loop; an in-flight probe closes its connections so the server aborts."""
+        self._stopping = True
         tasks = [r.task for r in self._runners.values() if r.task]
         for t in tasks:
             t.cancel()
@@ -272,9 +275,14 @@ class Scheduler:
         while True:
             self._publish(r, replace(r.snap, next_probe_at=self._wall() + delay))
             try:
-                await asyncio.wait_for(r.wake.wait(), timeout=delay)
-            except asyncio.TimeoutError:
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that
+                # arrives as the event fires, and stop() would then wait for a whole interval.
+                async with asyncio.timeout(delay):
+                    await r.wake.wait()
+            except TimeoutError:
                 pass
+            if self._stopping:
+                return
             r.wake.clear()
             r.busy = True
             try:

@@ -1,0 +1,321 @@
+"""Scheduler: pure timing/budget decisions as tables, and the loop driven by a fake probe function
+(the real canary is exercised end to end in test_serve_e2e.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+
+from hicache_canary.config import load_settings
+from hicache_canary.history import ResultHistory, record_to_dict
+from hicache_canary.models import CachedTokens, ErrorReason, Phase, ProbeRecord, StepRecord, Verdict
+from hicache_canary.scheduler import Scheduler, TokenWindow, Trigger, jittered, next_delay, start_offset
+
+HOUR = 3600.0
+
+
+async def until(cond, timeout: float = 5.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def targets(n: int = 1, **env):
+    base = {"HICACHE_CANARY_TARGET_URL": "http://127.0.0.1:9"}
+    s = load_settings(None, {**base, **env})
+    t = s.targets[0]
+    from dataclasses import replace
+
+    return [replace(t, name=f"t{i}", probe=replace(t.probe, target=f"t{i}")) for i in range(n)]
+
+
+def record(settings, verdict: Verdict, tokens: int = 0, reason: ErrorReason | None = None) -> ProbeRecord:
+    r = ProbeRecord(target=settings.target, started_at=time.time(), finished_at=time.time(), verdict=verdict, reason=reason)
+    if tokens:
+        r.steps = [
+            StepRecord(Phase.COLD, latency_s=2.0, prompt_tokens=tokens // 3),
+            StepRecord(Phase.REHOST, latency_s=0.1, prompt_tokens=tokens // 3, cached=CachedTokens(0, tokens // 3, 0)),
+            StepRecord(Phase.AGAIN, latency_s=0.05, prompt_tokens=tokens - 2 * (tokens // 3)),
+        ]
+    return r
+
+
+class FakeClient:
+    closed = 0
+
+    async def aclose(self):
+        FakeClient.closed += 1
+
+
+class Fake:
+    """A probe function that returns scripted verdicts and counts calls."""
+
+    def __init__(self, *verdicts: Verdict, tokens: int = 0, block: bool = False):
+        self.script = list(verdicts)
+        self.tokens = tokens
+        self.calls = 0
+        self.block = asyncio.Event() if block else None
+        self.started = asyncio.Event()
+        self.cancelled = False
+
+    async def __call__(self, client, settings, *, progress=None):
+        self.calls += 1
+        self.started.set()
+        if progress:
+            progress(Phase.COLD)
+        if self.block is not None:
+            try:
+                await self.block.wait()
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+        verdict = self.script.pop(0) if self.script else Verdict.REUSED
+        reason = ErrorReason.CONNECT_FAILED if verdict == Verdict.ERROR else None
+        return record(settings, verdict, self.tokens if verdict not in (Verdict.ERROR, Verdict.SKIPPED_BUSY) else 0, reason)
+
+
+def sched(fake, ts, **kw) -> Scheduler:
+    kw.setdefault("initial_delay", lambda i, n, iv: 0.0)
+    return Scheduler(ts, fake, lambda t: FakeClient(), rng=random.Random(1), **kw)
+
+
+# ------------------------------------------------------------------ pure decisions
+
+
+@pytest.mark.parametrize(
+    "verdict,errors,expected",
+    [
+        pytest.param(Verdict.REUSED, 0, 600, id="conclusive-waits-the-interval"),
+        pytest.param(Verdict.ERROR, 1, 150, id="first-error-retries-at-a-quarter"),
+        pytest.param(Verdict.ERROR, 2, 300, id="second-error-doubles"),
+        pytest.param(Verdict.ERROR, 4, 1200, id="fourth-error-doubles-again"),
+        pytest.param(Verdict.ERROR, 9, 2400, id="backoff-capped-at-4-intervals"),
+        pytest.param(Verdict.SKIPPED_BUSY, 0, 150, id="busy-retries-sooner"),
+        pytest.param(Verdict.SILENT, 3, 600, id="errors-reset-by-a-verdict"),
+    ],
+)
+def test_next_delay(verdict, errors, expected):
+    assert next_delay(verdict, 600, errors) == expected
+
+
+def test_busy_retry_is_capped_at_five_minutes_for_long_intervals():
+    assert next_delay(Verdict.SKIPPED_BUSY, 4 * HOUR, 0) == 300
+
+
+def test_budget_skip_waits_until_tokens_age_out_but_not_past_the_interval():
+    assert next_delay(Verdict.SKIPPED_BUDGET, 600, 0, budget_wait=120) == 120
+    assert next_delay(Verdict.SKIPPED_BUDGET, 600, 0, budget_wait=3000) == 600
+    assert next_delay(Verdict.SKIPPED_BUDGET, 600, 0, budget_wait=None) == 600
+
+
+def test_start_offsets_spread_targets_apart():
+    offs = [start_offset(i, 4, 600) for i in range(4)]
+    assert offs == [0, 7.5, 15, 22.5]
+    assert start_offset(0, 1, 600) == 0
+
+
+def test_jitter_stays_within_ten_percent():
+    rng = random.Random(0)
+    vals = [jittered(100, rng) for _ in range(200)]
+    assert 90 <= min(vals) < 95 and 105 < max(vals) <= 110
+
+
+def test_token_window_slides():
+    w = TokenWindow()
+    w.add(0, 600)
+    w.add(1000, 300)
+    assert w.remaining(1000, 1000) == 100
+    assert w.wait_for(1000, 500, 1000) == pytest.approx(2600)  # the 600 must age out (t=3600)
+    assert w.wait_for(1000, 50, 1000) == 0
+    assert w.wait_for(1000, 5000, 1000) is None  # never fits
+    assert w.remaining(3600.5, 1000) == 700
+
+
+def test_history_keeps_failures_after_they_leave_the_ring():
+    h = ResultHistory(limit=3, failure_limit=2)
+    for v in [Verdict.ERROR, Verdict.REUSED, Verdict.ERROR, Verdict.REUSED, Verdict.REUSED, Verdict.REUSED, Verdict.REUSED]:
+        h.add({"verdict": v.value})
+    assert [e["verdict"] for e in h.entries()] == ["error", "error", "reused", "reused", "reused"]
+
+
+def test_history_entries_scrub_secrets():
+    rec = ProbeRecord(target="a", started_at=1, verdict=Verdict.ERROR, evidence="server said: bad key sk-live-42")
+    assert "sk-live-42" not in str(record_to_dict(rec, ["sk-live-42"]))
+
+
+# ------------------------------------------------------------------ the loop
+
+
+async def test_triggered_probe_runs_and_a_second_trigger_gets_in_flight():
+    fake = Fake(block=True)
+    (t,) = targets(1, HICACHE_CANARY_INTERVAL="1h")
+    s = sched(fake, [t], initial_delay=lambda i, n, iv: HOUR)
+    s.start()
+    try:
+        assert s.trigger("nope") is Trigger.UNKNOWN
+        assert s.trigger("t0") is Trigger.STARTED
+        assert s.trigger("t0") is Trigger.IN_FLIGHT  # requested, not yet running: still one at a time
+        await asyncio.wait_for(fake.started.wait(), 5)
+        await until(lambda: s.snapshot()["t0"].in_progress, what="in_progress")
+        assert s.snapshot()["t0"].phase == "cold"
+        assert s.trigger("t0") is Trigger.IN_FLIGHT
+        fake.block.set()
+        await until(lambda: s.snapshot()["t0"].last is not None, what="record")
+        assert fake.calls == 1 and not s.snapshot()["t0"].in_progress
+        await until(lambda: s.trigger("t0") is Trigger.STARTED, what="idle again")
+    finally:
+        fake.block.set()
+        await s.stop()
+
+
+async def test_stop_cancels_the_probe_in_flight_and_closes_the_client():
+    fake = Fake(block=True)
+    FakeClient.closed = 0
+    s = sched(fake, targets(1))
+    s.start()
+    await asyncio.wait_for(fake.started.wait(), 5)
+    await asyncio.wait_for(s.stop(), 5)
+    assert fake.cancelled and FakeClient.closed == 1
+    assert s.snapshot()["t0"].last is None  # a cancelled probe is not a result
+    assert s.healthy()[0] is False
+
+
+async def test_budget_skips_without_calling_the_probe():
+    fake = Fake(tokens=3000)
+
+    async def estimate(client, target):
+        return 3000
+
+    (t,) = targets(1, HICACHE_CANARY_INTERVAL="1h")
+    from dataclasses import replace
+
+    t = replace(t, token_budget_per_hour=7000)
+    s = sched(fake, [t], estimate_fn=estimate, initial_delay=lambda i, n, iv: HOUR)
+    s.start()
+    try:
+        for expected in (1, 2):
+            assert s.trigger("t0") is Trigger.STARTED
+            await until(lambda: fake.calls == expected and s.snapshot()["t0"].last is not None and not s.snapshot()["t0"].in_progress)
+            await until(lambda: not s._runners["t0"].busy, what="idle")
+        assert s.snapshot()["t0"].budget_remaining == 1000
+        assert s.trigger("t0") is Trigger.STARTED
+        await until(lambda: s.snapshot()["t0"].last.verdict == Verdict.SKIPPED_BUDGET, what="budget skip")
+        snap = s.snapshot()["t0"]
+        assert fake.calls == 2  # the third probe sent nothing
+        assert snap.probes_total[Verdict.SKIPPED_BUDGET] == 1 and snap.tokens_canary == 6000
+        assert "3000" in snap.last.evidence and "1000 left" in snap.last.evidence
+        # it will retry when enough tokens age out of the hour, not at the 1h interval plus jitter
+        assert snap.next_probe_at is not None
+    finally:
+        await s.stop()
+
+
+async def test_errors_back_off_and_mark_the_target_down_then_recover():
+    fake = Fake(Verdict.ERROR, Verdict.ERROR, Verdict.REUSED, tokens=300)
+    (t,) = targets(1, HICACHE_CANARY_INTERVAL="1h")
+    s = sched(fake, [t], initial_delay=lambda i, n, iv: HOUR)
+    s.start()
+    try:
+        for n in (1, 2):
+            await until(lambda: not s._runners["t0"].busy)
+            s.trigger("t0")
+            await until(lambda: fake.calls == n and s.snapshot()["t0"].consecutive_errors == n, what=f"error {n}")
+            await until(lambda: s.snapshot()["t0"].next_probe_at is not None and not s.snapshot()["t0"].in_progress)
+        snap = s.snapshot()["t0"]
+        assert snap.up is False and snap.errors_total[ErrorReason.CONNECT_FAILED] == 2
+        # second consecutive error: a half interval (x jitter), not the full hour
+        await until(lambda: not s._runners["t0"].busy)
+        wait = s.snapshot()["t0"].next_probe_at - time.time()
+        assert 0.45 * HOUR - 5 < wait < 0.55 * HOUR
+        s.trigger("t0")
+        await until(lambda: fake.calls == 3 and s.snapshot()["t0"].last.verdict == Verdict.REUSED)
+        snap = s.snapshot()["t0"]
+        assert snap.up is True and snap.consecutive_errors == 0 and snap.last_error_reason == ErrorReason.CONNECT_FAILED
+    finally:
+        await s.stop()
+
+
+async def test_busy_skip_retries_sooner_and_does_not_break_a_streak():
+    fake = Fake(Verdict.SILENT, Verdict.SKIPPED_BUSY, Verdict.SILENT, tokens=300)
+    (t,) = targets(1, HICACHE_CANARY_INTERVAL="1h")
+    s = sched(fake, [t], initial_delay=lambda i, n, iv: HOUR)
+    s.start()
+    try:
+        for n in (1, 2, 3):
+            await until(lambda: not s._runners["t0"].busy)
+            s.trigger("t0")
+            await until(lambda: fake.calls == n and s.snapshot()["t0"].probes_total.get(fake_last(n), 0) >= 1)
+            await until(lambda: not s._runners["t0"].busy)
+            if n == 2:
+                wait = s.snapshot()["t0"].next_probe_at - time.time()
+                assert 0.2 * 300 < wait <= 1.1 * 300  # busy: min(interval/4, 5 min), not an hour
+        snap = s.snapshot()["t0"]
+        assert snap.streak == 2 and snap.streak_verdict == Verdict.SILENT
+    finally:
+        await s.stop()
+
+
+def fake_last(n: int) -> Verdict:
+    return [Verdict.SILENT, Verdict.SKIPPED_BUSY, Verdict.SILENT][n - 1]
+
+
+async def test_a_crashing_probe_is_an_internal_error_and_the_loop_lives_on():
+    calls = 0
+
+    async def boom(client, settings, *, progress=None):
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("secret-ish detail")
+
+    (t,) = targets(1, HICACHE_CANARY_INTERVAL="1h")
+    s = sched(boom, [t], initial_delay=lambda i, n, iv: HOUR)
+    s.start()
+    try:
+        s.trigger("t0")
+        await until(lambda: s.snapshot()["t0"].last is not None)
+        last = s.snapshot()["t0"].last
+        assert (last.verdict, last.reason) == (Verdict.ERROR, ErrorReason.INTERNAL)
+        assert "secret-ish" not in last.evidence
+        assert s.healthy() == (True, [])
+        await until(lambda: not s._runners["t0"].busy)
+        s.trigger("t0")
+        await until(lambda: calls == 2)
+    finally:
+        await s.stop()
+
+
+async def test_targets_probe_on_their_own_schedules():
+    fake = Fake(tokens=30)
+    ts = targets(2)
+    from dataclasses import replace
+
+    ts = [replace(ts[0], interval_s=0.05), replace(ts[1], interval_s=HOUR)]
+    s = sched(fake, ts)
+    s.start()
+    try:
+        await until(lambda: s.snapshot()["t0"].probes_total.get(Verdict.REUSED, 0) >= 4, what="t0 probed repeatedly")
+        assert s.snapshot()["t1"].probes_total.get(Verdict.REUSED, 0) == 1  # only its first probe
+    finally:
+        await s.stop()
+
+
+async def test_global_concurrency_limit_holds_probes_back():
+    fake = Fake(block=True)
+    s = sched(fake, targets(3), max_concurrent=1)
+    s.start()
+    try:
+        await asyncio.wait_for(fake.started.wait(), 5)
+        await asyncio.sleep(0.05)  # give the other loops a chance to (wrongly) start
+        assert fake.calls == 1
+        assert sum(v.in_progress for v in s.snapshot().values()) == 1
+        fake.block.set()
+        await until(lambda: fake.calls == 3)
+    finally:
+        fake.block.set()
+        await s.stop()
