@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
     level = args.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: a line per /metrics poll of every probe drowns the verdicts
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     host = args.host or settings.listen_host
     port = args.port or settings.listen_port
     log.info(
