@@ -173,6 +173,18 @@ def test_every_alert_is_tested_firing_and_not_firing():
     assert names - quiet - {"HiCacheCanaryWatchdog"} == set(), "alerts never tested quiet"
 
 
+def test_every_recording_rule_has_a_promql_expr_test():
+    recorded = {r["record"] for p in RULE_FILES for g in yaml.safe_load(p.read_text())["groups"] for r in g["rules"] if "record" in r}
+    tested = {
+        check["expr"]
+        for p in TEST_FILES
+        for case in yaml.safe_load(p.read_text())["tests"]
+        for check in case.get("promql_expr_test", [])
+        if check.get("exp_samples")
+    }
+    assert recorded - tested == set()
+
+
 def test_rules_use_only_contract_and_real_sglang_metric_names():
     readme = (REPO / "README.md").read_text()
     fixture = (Path("/work/shared/fixtures/sglang-0.5.23/metrics_write_through_silent.txt"))
@@ -314,7 +326,7 @@ def test_real_prometheus_loads_the_rules_and_the_watchdog_reaches_the_heartbeat_
                     break
                 assert time.monotonic() < deadline, "rules never evaluated"
                 time.sleep(0.2)
-            assert len(rules) == 23
+            assert len(rules) == 24
             assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
             pending = prom_query(prom_url, 'ALERTS{alertname="HiCacheCanaryStale"}')
             assert [(a["metric"]["alertstate"], a["metric"]["instance"]) for a in pending] == [("pending", nobody)]
