@@ -18,7 +18,9 @@ import httpx
 from procs import Proc, free_port, require_binary
 
 
-def start_prometheus(config_path: Path, *, port: int | None = None, name: str = "prometheus") -> tuple[Proc, str]:
+def start_prometheus(
+    config_path: Path, *, port: int | None = None, name: str = "prometheus", extra_args: tuple[str, ...] = ()
+) -> tuple[Proc, str]:
     binary = require_binary("prometheus")
     port = port or free_port()
     data = tempfile.mkdtemp(prefix="prom-data-")
@@ -29,6 +31,10 @@ def start_prometheus(config_path: Path, *, port: int | None = None, name: str = 
         f"--web.listen-address=127.0.0.1:{port}",
         "--web.enable-lifecycle",
         "--storage.tsdb.retention.time=1h",
+        # Resend firing alerts every second: by default Prometheus waits a minute, so an alert
+        # that fired before Alertmanager was discovered would add a minute to every e2e test.
+        "--rules.alert.resend-delay=1s",
+        *extra_args,
     ]
     proc = Proc(name, argv)
     url = f"http://127.0.0.1:{port}"
