@@ -1,0 +1,195 @@
+"""Collector: every README metric, pre-created children, one-hot state sets, values from records."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.gc_collector import GCCollector
+
+from hicache_canary.collector import CanaryCollector
+from hicache_canary.config import load_settings
+from hicache_canary.models import (
+    CachedTokens,
+    Cause,
+    CounterSnapshot,
+    ErrorReason,
+    Phase,
+    ProbeRecord,
+    ServerFacts,
+    StepRecord,
+    Verdict,
+)
+from hicache_canary.scheduler import Scheduler
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def make(n_targets: int = 1):
+    env = {"HICACHE_CANARY_TARGET_URL": "http://127.0.0.1:9", "HICACHE_CANARY_TARGET_NAME": "gpu-0"}
+    s = load_settings(None, env)
+    sched = Scheduler(s.targets, None, lambda t: None)  # loops never start: records are applied by hand
+    reg = CollectorRegistry()
+    reg.register(CanaryCollector(sched.snapshot))
+    return sched, reg
+
+
+def apply(sched: Scheduler, rec: ProbeRecord, up=None):
+    sched._apply(sched._runners[rec.target], rec, up)
+
+
+def silent_record(started: float = 1000.0) -> ProbeRecord:
+    r = ProbeRecord(target="gpu-0", started_at=started, finished_at=started + 20, context_tokens=16384,
+                    server=ServerFacts(version="0.5.23", write_policy="write_through", enable_hierarchical_cache=True,
+                                       hybrid_model=True, speculative_algorithm="EAGLE"))
+    r.steps = [
+        StepRecord(Phase.COLD, latency_s=15.4, prompt_tokens=16384, cached=CachedTokens(0, 0, 0),
+                   before=CounterSnapshot(host_used_tokens=20221)),
+        StepRecord(Phase.PRESSURE, prompt_tokens=40000, requests=5),
+        StepRecord(Phase.REHOST, latency_s=15.5, prompt_tokens=16384, cached=CachedTokens(0, 0, 0),
+                   after=CounterSnapshot(host_used_tokens=592658, host_total_tokens=709577)),
+        StepRecord(Phase.AGAIN, latency_s=0.1, prompt_tokens=16384, cached=CachedTokens(16384, 0, 0)),
+    ]
+    r.pressure.synthetic_tokens = 40000
+    r.pressure.passive_tokens = 1234
+    r.verdict, r.cause, r.rehost_cold_ratio = Verdict.SILENT, Cause.MAMBA_STATE_NOT_BACKED_UP, 15.5 / 15.4
+    return r
+
+
+def readme_metrics() -> set[str]:
+    table = README.read_text().split("## Exported metrics", 1)[1]
+    names = set()
+    for cell in re.findall(r"^\| `([^`]+)`(?: / `([^`]+)`)? \|", table, flags=re.M):
+        first, second = cell
+        names.add(first)
+        if second:  # "`..._used_tokens` / `..._total_tokens`" shorthand
+            names.add(first.replace("_used_tokens", second[3:]) if second.startswith("...") else second)
+    return names
+
+
+def exposed_names(reg) -> set[str]:
+    return {f.name + ("_total" if f.type == "counter" else "") for f in text_string_to_metric_families(generate_latest(reg).decode())}
+
+
+def test_every_readme_metric_is_exposed_after_a_probe_and_nothing_else():
+    sched, reg = make()
+    apply(sched, silent_record())
+    expected = readme_metrics()
+    assert "hicache_canary_host_pool_total_tokens" in expected and len(expected) == 25
+    assert exposed_names(reg) == expected
+
+
+def test_before_any_probe_counters_and_histograms_exist_at_zero_and_no_guesses():
+    sched, reg = make()
+    g = reg.get_sample_value
+    for v in Verdict:
+        assert g("hicache_canary_probes_total", {"target": "gpu-0", "verdict": v.value}) == 0
+        assert g("hicache_canary_verdict", {"target": "gpu-0", "verdict": v.value}) == 0
+    for r in ErrorReason:
+        assert g("hicache_canary_probe_errors_total", {"target": "gpu-0", "reason": r.value}) == 0
+    for p in ("cold", "rehost", "again"):
+        assert g("hicache_canary_phase_latency_seconds_count", {"target": "gpu-0", "phase": p}) == 0
+    assert g("hicache_canary_tokens_sent_total", {"target": "gpu-0", "kind": "pressure"}) == 0
+    assert g("hicache_canary_passive_pressure_tokens_total", {"target": "gpu-0"}) == 0
+    assert g("hicache_canary_probe_in_progress", {"target": "gpu-0"}) == 0
+    # unknown is absent, not 0 or NaN: a ratio or "down" we never measured would be a lie
+    assert g("hicache_canary_rehost_cold_ratio", {"target": "gpu-0"}) is None
+    assert g("hicache_canary_target_up", {"target": "gpu-0"}) is None
+    assert g("hicache_canary_config_last_reload_successful") == 1
+
+
+def test_silent_probe_values():
+    sched, reg = make()
+    apply(sched, silent_record())
+    g = reg.get_sample_value
+    t = {"target": "gpu-0"}
+    assert g("hicache_canary_verdict", {**t, "verdict": "silent"}) == 1
+    assert sum(g("hicache_canary_verdict", {**t, "verdict": v.value}) for v in Verdict) == 1
+    assert g("hicache_canary_suspected_cause", {**t, "cause": "mamba_state_not_backed_up"}) == 1
+    assert g("hicache_canary_suspected_cause", {**t, "cause": "none"}) == 0
+    assert abs(g("hicache_canary_rehost_cold_ratio", t) - 1.00649) < 1e-4
+    assert g("hicache_canary_last_phase_latency_seconds", {**t, "phase": "cold"}) == 15.4
+    assert g("hicache_canary_rehost_cached_ratio", {**t, "tier": "host"}) == 0
+    assert g("hicache_canary_last_cached_tokens", {**t, "phase": "again", "tier": "device"}) == 16384
+    assert g("hicache_canary_host_pool_growth_tokens", t) == 592658 - 20221
+    assert g("hicache_canary_host_pool_used_tokens", t) == 592658 and g("hicache_canary_host_pool_total_tokens", t) == 709577
+    assert g("hicache_canary_last_probe_duration_seconds", t) == 20
+    assert g("hicache_canary_last_conclusive_probe_timestamp_seconds", t) == 1020
+    assert g("hicache_canary_tokens_sent_total", {**t, "kind": "canary"}) == 3 * 16384
+    assert g("hicache_canary_tokens_sent_total", {**t, "kind": "pressure"}) == 40000
+    assert g("hicache_canary_passive_pressure_tokens_total", t) == 1234
+    assert g("hicache_canary_phase_latency_seconds_bucket", {**t, "phase": "cold", "le": "10.0"}) == 0
+    assert g("hicache_canary_phase_latency_seconds_bucket", {**t, "phase": "cold", "le": "20.0"}) == 1
+    assert g("hicache_canary_server_info", {**t, "version": "0.5.23", "write_policy": "write_through", "hicache": "true",
+                                            "hybrid": "true", "speculative_algorithm": "EAGLE"}) == 1
+    assert g("hicache_canary_target_up", t) == 1
+
+
+def test_error_after_silent_keeps_the_measurement_and_sets_the_reason():
+    sched, reg = make()
+    apply(sched, silent_record())
+    apply(sched, ProbeRecord(target="gpu-0", started_at=2000, finished_at=2001, verdict=Verdict.ERROR, reason=ErrorReason.TIMEOUT))
+    g = reg.get_sample_value
+    t = {"target": "gpu-0"}
+    assert g("hicache_canary_verdict", {**t, "verdict": "error"}) == 1
+    assert g("hicache_canary_last_error_reason", {**t, "reason": "timeout"}) == 1
+    assert g("hicache_canary_probe_errors_total", {**t, "reason": "timeout"}) == 1
+    assert g("hicache_canary_suspected_cause", {**t, "cause": "none"}) == 1
+    assert g("hicache_canary_target_up", t) == 0
+    assert abs(g("hicache_canary_rehost_cold_ratio", t) - 1.00649) < 1e-4  # "the last probe that got that far"
+    assert g("hicache_canary_last_conclusive_probe_timestamp_seconds", t) == 1020
+    assert g("hicache_canary_last_probe_timestamp_seconds", t) == 2001
+
+
+def test_labels_stay_bounded_over_many_probes():
+    sched, reg = make()
+    for i in range(300):
+        rec = silent_record(started=float(i))
+        if i % 3 == 0:
+            rec = ProbeRecord(target="gpu-0", started_at=i, finished_at=i + 1, verdict=Verdict.ERROR,
+                              reason=list(ErrorReason)[i % len(ErrorReason)], evidence=f"unique text {i}")
+        apply(sched, rec)
+    samples = [s for f in text_string_to_metric_families(generate_latest(reg).decode()) for s in f.samples]
+    assert len(samples) < 250
+    assert not any("unique text" in v for s in samples for v in s.labels.values())
+
+
+def test_registers_with_the_standard_collectors_without_clashes():
+    sched, _ = make()
+    reg = CollectorRegistry()
+    for c in (CanaryCollector(sched.snapshot), ProcessCollector(registry=None), PlatformCollector(registry=None)):
+        reg.register(c)
+    GCCollector(registry=reg)
+    assert b"hicache_canary_build_info" in generate_latest(reg)
+
+
+def test_describe_touches_no_state():
+    def boom():
+        raise AssertionError("describe() must not read snapshots")
+
+    reg = CollectorRegistry(auto_describe=True)
+    reg.register(CanaryCollector(boom))  # would call collect() if describe() were missing
+
+
+def test_scrape_of_fifty_targets_is_fast():
+    sched, reg = make()
+    from dataclasses import replace
+
+    base = sched.targets()[0]
+    for i in range(50):
+        t = replace(base, name=f"t{i}", probe=replace(base.probe, target=f"t{i}"))
+        sched.add_target(t)
+        rec = silent_record()
+        rec.target = t.name
+        apply(sched, rec)
+    collector = CanaryCollector(sched.snapshot)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        fams = list(collector.collect())
+    assert (time.perf_counter() - t0) / 20 < 0.1  # building families only; rendering is cached in app.py
+    assert len(fams) == len(list(collector.describe()))
