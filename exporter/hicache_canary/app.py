@@ -33,39 +33,45 @@ NAME_RE = re.compile(r"^[a-z0-9_.-]{1,63}$")
 
 
 class BodyLimit:
-    """ASGI middleware: 413 for a request body over `limit` bytes, declared or streamed."""
+    """ASGI middleware: 413 for a request body over `limit` bytes, declared or streamed.
+
+    Bodies are read (bounded) before the route runs, so a chunked upload is refused even by a
+    route that never reads its body.
+    """
 
     def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES):
         self.app = app
         self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
         for k, v in scope.get("headers", []):
             if k == b"content-length" and (not v.isdigit() or int(v) > self.limit):
                 await _too_large(scope, receive, send, self.limit)
                 return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
+        body = b""
+        while True:
             msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise _BodyTooLarge
-            return msg
+            if msg["type"] == "http.disconnect":
+                return
+            body += msg.get("body", b"")
+            if len(body) > self.limit:
+                await _too_large(scope, receive, send, self.limit)
+                return
+            if not msg.get("more_body"):
+                break
+        replayed = False
 
-        try:
-            await self.app(scope, limited, send)
-        except _BodyTooLarge:
-            await _too_large(scope, receive, send, self.limit)
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
 
-
-class _BodyTooLarge(Exception):
-    pass
+        await self.app(scope, replay, send)
 
 
 async def _too_large(scope: Scope, receive: Receive, send: Send, limit: int) -> None:

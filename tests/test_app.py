@@ -1,0 +1,180 @@
+"""The HTTP face through FastAPI's test client: a real Scheduler with a fake probe function.
+Asserts what a user sees: status codes in sequence, no secrets anywhere, escaped HTML."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from hicache_canary.app import create_app
+from hicache_canary.collector import CanaryCollector
+from hicache_canary.config import load_settings
+from hicache_canary.models import CachedTokens, Phase, ProbeRecord, StepRecord, Verdict
+from hicache_canary.scheduler import Scheduler
+
+TOKEN = "probe-token-abcdef123456"
+KEY = "sk-sglang-key-987654"
+
+
+class Gate:
+    """A probe function that waits (thread-safely) until the test opens the gate."""
+
+    def __init__(self):
+        self.open = threading.Event()
+        self.calls = 0
+        self.evidence = "rehost loaded 96 of 100 tokens from host <script>alert(1)</script>"
+
+    async def __call__(self, client, settings, *, progress=None):
+        self.calls += 1
+        if progress:
+            progress(Phase.PRESSURE)
+        while not self.open.is_set():
+            await asyncio.sleep(0.005)
+        r = ProbeRecord(target=settings.target, started_at=time.time() - 2, finished_at=time.time(), context_tokens=100,
+                        verdict=Verdict.REUSED, evidence=self.evidence + f" key={KEY}")
+        r.steps = [StepRecord(Phase.COLD, latency_s=1.5, prompt_tokens=100),
+                   StepRecord(Phase.REHOST, latency_s=0.1, prompt_tokens=100, cached=CachedTokens(0, 96, 0)),
+                   StepRecord(Phase.AGAIN, latency_s=0.05, prompt_tokens=100, cached=CachedTokens(96, 0, 0))]
+        r.rehost_cold_ratio = 0.1 / 1.5
+        return r
+
+
+def build(token: str | None = TOKEN, gate: Gate | None = None, interval: str = "1h"):
+    env = {"HICACHE_CANARY_TARGET_URL": "http://127.0.0.1:9", "HICACHE_CANARY_INTERVAL": interval, "SGLANG_API_KEY": KEY}
+    if token:
+        env["HICACHE_CANARY_API_TOKEN"] = token
+    settings = load_settings(None, env)
+    from dataclasses import replace
+
+    from pydantic import SecretStr
+
+    settings = replace(settings, targets=(replace(settings.targets[0], api_key=SecretStr(KEY)),), default_api_key=SecretStr(KEY))
+    gate = gate or Gate()
+    sched = Scheduler(settings.targets, gate, lambda t: None, secrets=settings.secrets(),
+                      initial_delay=lambda i, n, iv: 3600.0)
+    reg = CollectorRegistry()
+    reg.register(CanaryCollector(sched.snapshot))
+    return create_app(settings, sched, reg), sched, gate
+
+
+def until(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.005)
+    raise AssertionError("timed out")
+
+
+def auth(tok: str = TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {tok}"}
+
+
+def test_probe_endpoint_status_sequence():
+    app, sched, gate = build()
+    with TestClient(app) as c:
+        assert c.post("/api/probe/sglang").status_code == 401
+        assert c.post("/api/probe/sglang", headers=auth("wrong")).status_code == 401
+        assert c.post("/api/probe/sglang", headers={"Authorization": TOKEN}).status_code == 401  # no scheme
+        r = c.post("/api/probe/sglang", headers=auth())
+        assert r.status_code == 202 and r.json() == {"target": "sglang", "status": "started"}
+        until(lambda: gate.calls == 1)
+        assert c.post("/api/probe/sglang", headers=auth()).status_code == 409
+        assert c.post("/api/probe/nope", headers=auth()).status_code == 404
+        assert c.post("/api/probe/http%3A%2F%2F169.254.169.254%2F", headers=auth()).status_code == 404
+        assert c.post("/api/probe/sglang?url=http://evil", headers=auth()).status_code == 409  # the query is ignored
+        gate.open.set()
+        until(lambda: sched.snapshot()["sglang"].last is not None)
+        until(lambda: c.post("/api/probe/sglang", headers=auth()).status_code == 202)
+        assert gate.calls in (1, 2)
+        until(lambda: gate.calls == 2)
+
+
+def test_unauthenticated_caller_cannot_learn_target_names():
+    app, _, _ = build()
+    with TestClient(app) as c:
+        assert c.post("/api/probe/nope").status_code == 401
+        assert c.post("/api/probe/sglang").status_code == 401
+
+
+def test_probe_endpoint_disabled_without_a_token():
+    app, _, gate = build(token=None)
+    with TestClient(app) as c:
+        r = c.post("/api/probe/sglang", headers=auth())
+        assert r.status_code == 403 and "disabled" in r.json()["detail"]
+        assert gate.calls == 0
+
+
+def test_request_body_is_limited():
+    app, _, gate = build()
+    with TestClient(app) as c:
+        assert c.post("/api/probe/sglang", headers=auth(), content=b"x" * 100_000).status_code == 413
+
+        def chunks():
+            for _ in range(100):
+                yield b"y" * 1000
+
+        assert c.post("/api/probe/sglang", headers=auth(), content=chunks()).status_code == 413
+        assert gate.calls == 0
+
+
+def test_metrics_healthz_and_a_cached_scrape_that_follows_the_probe():
+    app, sched, gate = build()
+    with TestClient(app) as c:
+        assert c.get("/healthz").json()["status"] == "ok"
+        m1 = c.get("/metrics")
+        assert m1.status_code == 200 and 'hicache_canary_probes_total{target="sglang",verdict="reused"} 0.0' in m1.text
+        assert c.get("/metrics").text == m1.text
+        gate.open.set()
+        c.post("/api/probe/sglang", headers=auth())
+        until(lambda: sched.snapshot()["sglang"].last is not None)
+        m2 = c.get("/metrics").text
+        assert 'hicache_canary_probes_total{target="sglang",verdict="reused"} 1.0' in m2
+        assert 'hicache_canary_verdict{target="sglang",verdict="reused"} 1.0' in m2
+        gz = c.get("/metrics", headers={"Accept-Encoding": "gzip"})
+        assert gz.headers.get("content-encoding") == "gzip" and "verdict=\"reused\"} 1.0" in gz.text
+
+
+def test_healthz_fails_when_the_scheduler_is_not_running():
+    app, sched, _ = build()
+    with TestClient(app) as c:
+        assert c.get("/healthz").status_code == 200
+        for r in sched._runners.values():
+            r.task.cancel()
+        until(lambda: c.get("/healthz").status_code == 503)
+        assert "probe loop for sglang is not running" in c.get("/healthz").json()["problems"]
+
+
+def test_api_targets_and_status_page_show_results_without_secrets():
+    app, sched, gate = build()
+    gate.open.set()
+    with TestClient(app) as c:
+        c.post("/api/probe/sglang", headers=auth())
+        until(lambda: sched.snapshot()["sglang"].last is not None)
+        api = c.get("/api/targets")
+        body = api.json()["targets"][0]
+        assert body["config"]["name"] == "sglang" and body["config"]["api_key"] == "set"
+        assert body["last"]["verdict"] == "reused" and [s["phase"] for s in body["last"]["steps"]] == ["cold", "rehost", "again"]
+        assert body["history"][-1]["verdict"] == "reused"
+        assert c.get("/api/targets/sglang").json()["last"]["verdict"] == "reused"
+        assert c.get("/api/targets/nope").status_code == 404
+        page = c.get("/")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert "default-src 'none'" in page.headers["content-security-policy"]
+        html = page.text
+        assert "sglang" in html and "reused" in html and "<svg" in html and "<polyline" in html
+        assert "<script>" not in html and "&lt;script&gt;" in html
+        for text in (api.text, html, c.get("/metrics").text, c.get("/healthz").text):
+            assert KEY not in text and TOKEN not in text
+
+
+@pytest.mark.parametrize("path", ["/", "/api/targets", "/metrics", "/healthz"])
+def test_pages_answer_before_any_probe(path):
+    app, _, _ = build()
+    with TestClient(app) as c:
+        assert c.get(path).status_code == 200
