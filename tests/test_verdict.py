@@ -90,6 +90,7 @@ CASES = [
     pytest.param(record(WB, rehost=CachedTokens(host=int(R * 0.3))), Verdict.SILENT, Cause.UNKNOWN, "30%", id="details-partial-host-hit-below-threshold-silent"),
     pytest.param(record(rehost=CachedTokens(device=R)), Verdict.NOT_EVICTED, Cause.NONE, "did not evict", id="details-rehost-from-device-not-evicted"),
     pytest.param(record(rehost=CachedTokens(), again=CachedTokens()), Verdict.DEVICE_CACHE_BROKEN, Cause.NONE, "device", id="details-again-missed-device-cache-broken"),
+    pytest.param(record(rehost=CachedTokens(host=R), again=CachedTokens(), snaps=[snap(evicted_tokens=v) for v in (0.0, 0, 0, 50_000, 100_000)]), Verdict.REUSED, Cause.NONE, "from host", id="details-again-missed-after-a-busy-server-evicted-R-again-is-void"),
     pytest.param(record(rehost=CachedTokens(), confirmed=False), Verdict.SILENT, Cause.UNKNOWN, "evicted", id="details-prove-eviction-even-if-counters-did-not"),
     # --- suspected causes from counter deltas ---
     pytest.param(record(rehost=CachedTokens(), snaps=counters(kv=(0, 0, 40_000))), Verdict.SILENT, Cause.CHUNKED_PREFILL_NOT_BACKED_UP, "chunked_prefill_size 4096", id="cause-write-through-long-R-not-backed-up-chunked"),

@@ -6,7 +6,8 @@ No IO, no clock. The rules (also in docs/verdicts.md), in the order they are tri
    HiCache off -> `hicache_disabled`; a preset `skipped_busy` / `skipped_budget` stays.
 1. Per-request tier details (`cached_tokens_details` of R's rehost and again requests):
    - again served from device for less than half of R's cacheable tokens -> `device_cache_broken`
-     (R was just prefilled twice; a working radix cache must hit it).
+     (R was just prefilled twice; a working radix cache must hit it), unless `evicted_tokens_total`
+     grew by R's size around the again request (a busy server evicted it again; the check is void).
    - rehost served from device for at least half of R -> `not_evicted` (pressure too small).
    - rehost host share >= `host_hit_threshold` -> `reused` (a partial hit is reported with its fraction).
    - otherwise R left the device (the details prove it) and came back mostly by prefill -> `silent`.
@@ -235,6 +236,13 @@ def suspect_cause(record: ProbeRecord) -> tuple[Cause, str]:
     return Cause.UNKNOWN, "the counters show no known failure pattern"
 
 
+def _evicted_between(again: StepRecord, r: int) -> bool:
+    """A busy server may evict R again between rehost and again; then a missed again proves nothing."""
+    if again.before is None or again.after is None or again.after.evicted_tokens is None:
+        return False
+    return (again.after.evicted_tokens - (again.before.evicted_tokens or 0.0)) >= r
+
+
 def decide(record: ProbeRecord, settings: ProbeSettings | None = None) -> Decision:
     """The verdict for a finished (or aborted) probe record; see the module docstring for the rules.
 
@@ -256,12 +264,12 @@ def decide(record: ProbeRecord, settings: ProbeSettings | None = None) -> Decisi
     base = dict(rehost_cold_ratio=ratio)
 
     if rehost.cached is not None:
-        again_dev = again.cached.device if again.cached is not None else None
-        return _from_shares(record, settings, r, rehost.cached.device, rehost.cached.host, again_dev, "cached_tokens_details", lat, base, True)
+        again_dev = again.cached.device if again.cached is not None and not _evicted_between(again, r) else None
+        return _from_shares(record, settings, r, rehost.cached.device, rehost.cached.host, again_dev, "per-request cached tokens", lat, base, True)
     known = known_counters(record)
     tiers, again_tiers = counter_tiers(rehost, known), counter_tiers(again, known)
     if tiers is not None:
-        again_dev = again_tiers.device if again_tiers else None
+        again_dev = again_tiers.device if again_tiers and not _evicted_between(again, r) else None
         return _from_shares(record, settings, r, tiers.device, tiers.host, again_dev, tiers.source, lat, base, False)
     return _from_latency(record, settings, cold, rehost, again, ratio, lat, base)
 

@@ -1,0 +1,228 @@
+"""run_probe against the simulator as a real process on 127.0.0.1 (and a reshaping proxy in front).
+
+Sizes are the field report's server scaled down 10x (device 40,000 / host 70,958 tokens, chunked
+prefill 4096) with R = 8192, at a time scale that keeps each probe well under a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+import pytest
+
+from canary_proxy import ReshapingProxy
+from hicache_canary.canary import ProgressEvent, run_probe
+from hicache_canary.models import Cause, ErrorReason, Phase, ProbeSettings, Verdict
+from hicache_canary.sglang_client import SGLangClient
+from procs import start_simulator
+
+SCALED = ("--enable-hierarchical-cache", "--enable-metrics", "--max-total-tokens", "40000",
+          "--hicache-host-tokens", "70958", "--chunked-prefill-size", "4096")
+HYBRID = (*SCALED, "--hybrid-model")
+R = 8192
+
+
+def settings(**kw) -> ProbeSettings:
+    return ProbeSettings(**{"target": "sim", "context_tokens": R, "poll_interval_s": 0.05, "passive_wait_s": 2.0, "timeout_s": 30.0, **kw})
+
+
+async def probe(url: str, **kw):
+    events: list[ProgressEvent] = []
+    async with SGLangClient(url) as c:
+        rec = await run_probe(c, settings(**kw), progress=events.append, rng=random.Random(7))
+    return rec, events
+
+
+@pytest.fixture
+def sim(request):
+    procs = []
+
+    def start(*flags: str, time_scale: float = 0.002):
+        proc, url = start_simulator(*flags, time_scale=time_scale)
+        procs.append(proc)
+        return url
+
+    yield start
+    for p in procs:
+        p.stop()
+
+
+def prompt_tokens_total(url: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("sglang:prompt_tokens_total"))
+
+
+async def test_write_back_hybrid_is_reused_with_every_token_accounted(sim) -> None:
+    url = sim(*HYBRID, "--hicache-write-policy", "write_back")
+    before = prompt_tokens_total(url)
+    rec, events = await probe(url)
+    assert rec.verdict == Verdict.REUSED, rec.evidence
+    assert rec.cause == Cause.NONE
+    assert rec.host_fraction >= 0.9
+    assert rec.pressure.eviction_confirmed and rec.pressure.limited_by is None
+    # Pressure stops at what LRU needs, not a fixed 10x40K: never more than one chunk beyond it.
+    assert rec.pressure.synthetic_tokens <= rec.pressure.planned_tokens + 4096
+    assert rec.tokens_canary == 3 * R
+    assert prompt_tokens_total(url) - before == rec.tokens_canary + rec.tokens_pressure
+    assert [s.phase for s in rec.steps] == [Phase.COLD, Phase.PRESSURE, Phase.REHOST, Phase.AGAIN]
+    assert events[-1].phase == "done" and events[-1].tokens_sent == rec.tokens_canary + rec.tokens_pressure
+
+
+@pytest.mark.parametrize(
+    "failure, cause",
+    [
+        pytest.param("mamba_state_not_backed_up", Cause.MAMBA_STATE_NOT_BACKED_UP, id="mamba-state"),
+        pytest.param("chunked_prefill_not_backed_up", Cause.CHUNKED_PREFILL_NOT_BACKED_UP, id="chunked-prefill"),
+        pytest.param("host_mamba_pool_small", Cause.HOST_POOL_PRESSURE, id="host-mamba-pool-small"),
+    ],
+)
+async def test_write_through_failure_modes_are_silent_with_their_cause(sim, failure, cause) -> None:
+    url = sim(*HYBRID, "--hicache-write-policy", "write_through", "--hybrid-failure", failure)
+    rec, _ = await probe(url)
+    assert (rec.verdict, rec.cause) == (Verdict.SILENT, cause), rec.evidence
+    assert rec.step(Phase.REHOST).cached.host < 0.5 * R
+
+
+async def test_write_through_without_failure_reuses(sim) -> None:
+    url = sim(*HYBRID, "--hicache-write-policy", "write_through", "--hybrid-failure", "none")
+    rec, _ = await probe(url)
+    assert rec.verdict == Verdict.REUSED, rec.evidence
+
+
+async def test_hicache_off_sends_nothing(sim) -> None:
+    url = sim("--enable-metrics", "--max-total-tokens", "40000")
+    before = prompt_tokens_total(url)
+    rec, _ = await probe(url)
+    assert rec.verdict == Verdict.HICACHE_DISABLED
+    assert rec.tokens_canary == rec.tokens_pressure == 0
+    assert prompt_tokens_total(url) == before
+
+
+async def test_too_little_pressure_is_not_evicted_never_silent(sim) -> None:
+    url = sim(*HYBRID, "--hicache-write-policy", "write_through")
+    rec, _ = await probe(url, max_pressure_tokens=2048)
+    assert rec.verdict == Verdict.NOT_EVICTED, rec.evidence
+    assert rec.pressure.synthetic_tokens <= 2048 and rec.pressure.limited_by == "max_pressure_tokens"
+
+
+async def test_openai_only_server_still_gets_a_verdict(sim) -> None:
+    url = sim(*HYBRID, "--hicache-write-policy", "write_back", "--enable-cache-report")
+    with ReshapingProxy(url, openai_only=True) as proxy:
+        rec, _ = await probe(proxy.url)
+    assert rec.api == "openai"
+    assert rec.verdict == Verdict.REUSED, rec.evidence
+    assert all(b["path"] == "/v1/completions" for b in proxy.bodies)
+
+
+async def test_without_tier_details_counters_decide(sim) -> None:
+    url = sim(*HYBRID, "--hicache-write-policy", "write_back")
+    with ReshapingProxy(url, strip_details=True) as proxy:
+        rec, _ = await probe(proxy.url)
+    assert rec.step(Phase.REHOST).cached is None
+    assert rec.verdict == Verdict.REUSED
+    assert "cached_tokens_total" in rec.evidence
+
+
+async def test_0_5_17_profile_without_details_uses_its_counters(sim) -> None:
+    url = sim(*HYBRID, "--hicache-write-policy", "write_back", "--metrics-profile", "0.5.17")
+    with ReshapingProxy(url, strip_details=True) as proxy:
+        rec, _ = await probe(proxy.url)
+    assert rec.verdict == Verdict.REUSED, rec.evidence
+    assert "cached_tokens_total" in rec.evidence
+
+
+# No per-request numbers at all (OpenAI API without --enable-cache-report) and no tier counters:
+# only evicted_tokens_total and latency are left. A small pool (16,000 tokens) at time scale 0.2
+# keeps the pressure cheap while a cold 8K prefill (~0.6 s) stays far above the HTTP overhead.
+NO_TIERS = dict(openai_only=True, strip_details=True,
+                drop_metrics=("cached_tokens_total", "load_back", "prefill_effective", "hicache_backup"))
+
+
+@pytest.mark.parametrize(
+    "policy, min_cold, verdict",
+    [
+        pytest.param("write_through", 0.3, Verdict.SILENT, id="long-cold-rehost-like-cold-silent"),
+        pytest.param("write_back", 0.3, Verdict.REUSED, id="long-cold-rehost-fast-reused"),
+        pytest.param("write_through", 5.0, Verdict.INCONCLUSIVE, id="cold-too-short-to-tell-never-silent"),
+    ],
+)
+async def test_without_details_or_tier_counters_latency_decides(sim, policy, min_cold, verdict) -> None:
+    url = sim("--enable-hierarchical-cache", "--enable-metrics", "--hybrid-model", "--max-total-tokens", "16000",
+              "--hicache-host-tokens", "28000", "--hicache-write-policy", policy, time_scale=0.2)
+    with ReshapingProxy(url, **NO_TIERS) as proxy:
+        rec, _ = await probe(proxy.url, min_cold_latency_s=min_cold)
+    assert rec.step(Phase.REHOST).cached is None and rec.step(Phase.REHOST).cached_tokens is None
+    assert rec.verdict == verdict, rec.evidence
+    assert "latency" in rec.evidence
+
+
+async def test_router_is_named_not_judged(sim) -> None:
+    url = sim(*HYBRID)
+    with ReshapingProxy(url, router=True) as proxy:
+        rec, _ = await probe(proxy.url)
+    assert (rec.verdict, rec.reason) == (Verdict.ERROR, ErrorReason.TARGET_IS_ROUTER)
+    assert "probe the workers directly" in rec.evidence
+    assert rec.tokens_canary == 0
+
+
+async def test_dp_server_pins_every_request_and_rotates(sim) -> None:
+    url = sim(*HYBRID, "--hicache-write-policy", "write_back")
+    with ReshapingProxy(url, dp_size=2) as proxy:
+        await probe(proxy.url, target="dp-rotation")
+        first = {b.get("routed_dp_rank") for b in proxy.bodies}
+        proxy.bodies.clear()
+        await probe(proxy.url, target="dp-rotation")
+        second = {b.get("routed_dp_rank") for b in proxy.bodies}
+    assert len(first) == 1 and len(second) == 1 and first != second and None not in first | second
+
+
+async def test_busy_server_is_skipped_without_tokens(sim) -> None:
+    url = sim(*HYBRID)
+    rec, _ = await probe(url, busy_queue_threshold=-1)  # any queue length counts as busy
+    assert rec.verdict == Verdict.SKIPPED_BUSY and rec.tokens_canary == 0
+
+
+async def test_server_traffic_is_credited_as_passive_pressure(sim) -> None:
+    url = sim(*HYBRID, "--hicache-write-policy", "write_back", "--background-rps", "5",
+              "--background-context-tokens", "4000", time_scale=0.002)
+    rec, _ = await probe(url, passive_wait_s=5.0, busy_queue_threshold=1000)  # a busy server is the point here
+    assert rec.pressure.passive_tokens > 0, rec.pressure
+    assert rec.pressure.synthetic_tokens < rec.pressure.planned_tokens
+    assert rec.verdict in (Verdict.REUSED, Verdict.SILENT)
+
+
+@pytest.mark.parametrize(
+    "fault, reason",
+    [
+        pytest.param(("--fault-5xx-rate", "1"), ErrorReason.HTTP_5XX, id="5xx"),
+        pytest.param(("--fault-malformed-json",), ErrorReason.BAD_RESPONSE, id="malformed-json"),
+        pytest.param(("--fault-down-after", "1"), ErrorReason.CONNECT_FAILED, id="down-mid-probe"),
+    ],
+)
+async def test_server_errors_become_error_with_reason(sim, fault, reason) -> None:
+    url = sim(*HYBRID, *fault)
+    rec, _ = await probe(url)
+    assert (rec.verdict, rec.reason) == (Verdict.ERROR, reason), rec.evidence
+    assert "\n" not in rec.evidence and rec.evidence
+
+
+async def test_cancel_leaves_no_request_running(sim) -> None:
+    url = sim(*HYBRID, time_scale=1.0)  # a cold 8K prefill takes ~3 s: cancel in the middle
+    async with SGLangClient(url) as c:
+        seen = asyncio.Event()
+        task = asyncio.create_task(run_probe(c, settings(), progress=lambda e: seen.set() if e.phase == Phase.COLD else None))
+        await asyncio.wait_for(seen.wait(), 10)
+        await asyncio.sleep(0.3)  # let the cold request reach the server
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        text = httpx.get(url + "/metrics").text
+        running = [line for line in text.splitlines() if line.startswith("sglang:num_running_reqs")]
+        if running and all(float(line.rsplit(" ", 1)[1]) == 0 for line in running):
+            break
+        assert asyncio.get_running_loop().time() < deadline, running
+        await asyncio.sleep(0.05)
