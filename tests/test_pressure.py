@@ -29,8 +29,8 @@ def gauges(avail, evictable, evicted=0.0, pool=400_000) -> CounterSnapshot:
     [
         pytest.param(REPORT, gauges(300_000, 100_000), 40_000, 300_000 + 60_001 + 39_999, 100_000, True, id="free-plus-older-plus-R"),
         pytest.param(REPORT, gauges(0, 40_000), 40_000, 40_000, 40_000, True, id="full-pool-only-R-evictable"),
-        pytest.param(REPORT, gauges(1000, 20_000), 40_000, 1000 + 0 + 39_999, 39_999, True, id="evictable-below-R-clamps-older-to-zero"),
-        pytest.param(ServerFacts(page_size=64, max_total_num_tokens=24_000), gauges(5000, 6000, pool=24_000), 6000, 11_008, 6016, True, id="page-aligned-up"),
+        pytest.param(REPORT, gauges(1000, 20_000), 40_000, 1000 + 0 + 39_999, 39_936, True, id="evictable-below-R-R-still-locked-target-is-R-to-64"),
+        pytest.param(ServerFacts(page_size=64, max_total_num_tokens=24_000), gauges(5000, 6000, pool=24_000), 6000, 11_008, 6000, True, id="page-aligned-up-target-is-all-evictable"),
         pytest.param(ServerFacts(max_total_num_tokens=24_000), CounterSnapshot(evicted_tokens=0.0), 6000, 24_000, 24_000, False, id="no-gauges-whole-pool-0.5.17"),
         pytest.param(ServerFacts(max_total_num_tokens=24_000), None, 6000, 24_000, 24_000, False, id="no-metrics-at-all-whole-pool"),
     ],

@@ -120,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + START_TIMEOUT_S
         for sim in sims:
             sim.wait_ready(deadline)
+            sys.stderr.write(f"{sim.policy} simulator at {sim.url}\n")
         records = [_probe(sim.url, sim.policy, args, None) for sim in sims]
     except RuntimeError as exc:
         sys.stderr.write(f"hicache-canary demo: error: {exc}\n")

@@ -12,7 +12,8 @@ those gauges (0.5.17) the bound is the whole device pool, `max_total_num_tokens`
 more slots than that.
 
 Eviction is *confirmed* only from SGLang's `evicted_tokens_total`: its delta since R was planted must
-reach `kv_evictable_older_than_R + R` (with gauges) or a whole device pool (without them). A host
+reach everything evictable at planting, `kv_evictable_tokens` after cold (= older + R; at least R
+rounded down to 64 tokens, in case R was still locked), or a whole device pool without the gauges. A host
 backup of R is not used as proof: under write_through R is backed up at insert time, long before it
 leaves the device. Filler stops as soon as eviction is confirmed.
 
@@ -37,6 +38,7 @@ CONTEXT_MARGIN_TOKENS = 64  # room under max_req_input_len for the generated tok
 DEFAULT_CHUNK_TOKENS = 8192
 DEFAULT_CAP_POOLS = 4
 MIN_CONTEXT_TOKENS = 16
+RADIX_GRAIN_TOKENS = 64  # coarsest cache granularity SGLang uses (Mamba checkpoint chunk, extra_buffer)
 
 
 def align_up(n: float, page: int) -> int:
@@ -99,7 +101,9 @@ def plan_pressure(settings: ProbeSettings, facts: ServerFacts, after_cold: Count
     if after_cold is not None and after_cold.kv_available_tokens is not None and after_cold.kv_evictable_tokens is not None:
         older = max(0.0, after_cold.kv_evictable_tokens - r)
         need = align_up(after_cold.kv_available_tokens + older + r, page)
-        target = align_up(older + r, page)
+        # Everything evictable at planting (older + R) must go. R may hold a little less than
+        # `r` (hybrid models cache in 64-token Mamba chunks), so trust the gauge down to that grain.
+        target = max(int(after_cold.kv_evictable_tokens), align_down(r, max(page, RADIX_GRAIN_TOKENS)))
         from_gauges = True
     else:
         need = align_up(pool or r, page)

@@ -294,7 +294,7 @@ def _from_shares(record, settings, r, dev, host, again_dev, source, lat, base, d
         partial = "" if host_frac >= 0.999 else f" (a partial hit, threshold {_pct(threshold)})"
         return Decision(
             Verdict.REUSED,
-            evidence=f"rehost loaded {host:.0f} of {r} tokens ({_pct(host_frac)}) from host{partial} per {source}; {lat}",
+            evidence=f"rehost loaded {host:.0f} of {r} tokens ({_pct(host_frac)}) from host{partial} ({source}); {lat}",
             **base,
         )
     if not details and not eviction_confirmed(record):
@@ -307,7 +307,7 @@ def _from_shares(record, settings, r, dev, host, again_dev, source, lat, base, d
     return Decision(
         Verdict.SILENT,
         cause=cause,
-        evidence=f"R was evicted but rehost took only {host:.0f} of {r} tokens ({_pct(host_frac)}) from host per {source}; {lat}; {why}",
+        evidence=f"R was evicted but rehost took only {host:.0f} of {r} tokens ({_pct(host_frac)}) from host ({source}); {lat}; {why}",
         **base,
     )
 
