@@ -72,7 +72,8 @@ def test_report_shape_with_40k_context(sim, policy, code, verdict) -> None:
     # spent 40K + 10x40K + 2x40K = 520K (write_through) and 40K + 14x40K + 2x40K = 680K (write_back).
     sent = next(line for line in p.stdout.splitlines() if line.startswith("tokens sent"))
     total = int(sent.split("=")[1].split()[0].replace(",", ""))
-    need = int(sent.split("LRU needed")[1].split(";")[0].replace(",", ""))
+    eviction = next(line for line in p.stdout.splitlines() if line.startswith("eviction: LRU needed"))
+    need = int(eviction.split("LRU needed")[1].split(";")[0].replace(",", ""))
     assert total <= 1.1 * (3 * 40_000 + need)
     assert total <= 520_000 * 1.01
 

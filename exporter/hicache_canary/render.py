@@ -87,10 +87,11 @@ def render_table(rec: ProbeRecord, *, width: int = 100) -> str:
         lines.append(f"rehost/cold ratio {rec.rehost_cold_ratio:.3f}")
     if rec.steps:
         p = rec.pressure
-        lines.append(
-            f"tokens sent: canary {rec.tokens_canary:,} + pressure {rec.tokens_pressure:,} = {rec.tokens_canary + rec.tokens_pressure:,}"
-            f" (LRU needed {p.planned_tokens:,}; server traffic credited {p.passive_tokens:,}; eviction "
-            f"{'confirmed' if p.eviction_confirmed else 'not confirmed'}{'; cut by ' + p.limited_by if p.limited_by else ''})"
+        lines.append(f"tokens sent: canary {rec.tokens_canary:,} + pressure {rec.tokens_pressure:,} = {rec.tokens_canary + rec.tokens_pressure:,}")
+        lines += textwrap.wrap(
+            f"eviction: LRU needed {p.planned_tokens:,}; server traffic credited {p.passive_tokens:,}; "
+            f"{'confirmed' if p.eviction_confirmed else 'not confirmed'}{'; cut by ' + p.limited_by if p.limited_by else ''}",
+            width=width, subsequent_indent="  ",
         )
     verdict = rec.verdict.value if rec.verdict else "?"
     if rec.reason is not None:
