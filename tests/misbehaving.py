@@ -34,7 +34,7 @@ KINDS = (
     "no_prompt_tokens",  # meta_info without prompt_tokens
     "metrics_garbage",  # /metrics with unparsable lines mixed in
     "metrics_no_sglang",  # /metrics with every sglang: family gone
-    "restart",  # restart the simulator (caches and counters reset), then answer
+    "restart",  # restart the simulator once (caches and counters reset), then answer
     "slow",  # answer correctly, late
 )
 
@@ -206,6 +206,8 @@ class FaultProxy(_LoopThread):
         phase = self._phase(req)
         self.phases.append(phase)
         kind = self.fault[1] if self.fault and self.fault[0] == phase else None
+        if kind == "restart" and self.triggered:
+            kind = None  # one restart per fault, not one per pressure chunk
         if kind is not None:
             self.triggered += 1
         if kind == "stall":
