@@ -10,7 +10,6 @@ while the fault is on, shows `verdict="error"` and the reason, then a real verdi
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from pathlib import Path
@@ -26,15 +25,16 @@ from procs import Proc, canary_argv, free_port, start_simulator
 
 # The report's hybrid server scaled down 20x, write_back (it reuses: a clean probe says `reused`).
 SIM = ("--enable-hierarchical-cache", "--enable-metrics", "--hybrid-model", "--hicache-write-policy", "write_back",
-       "--max-total-tokens", "16000", "--hicache-host-tokens", "32000", "--chunked-prefill-size", "2048")
-CONTEXT = 4096
+       "--max-total-tokens", "8000", "--hicache-host-tokens", "16000", "--chunked-prefill-size", "1024")
+CONTEXT = 2048
+CHUNK = 4096  # filler per request: two or three requests evict R, so a probe is a dozen HTTP calls
 TIMEOUT_S = 0.5  # per request; the stalled phase is abandoned after this
 MAX_EVIDENCE = 400  # the client's 300-character message plus the phase and path
 
 
 def settings(**kw) -> ProbeSettings:
     return ProbeSettings(**{"target": "sim", "context_tokens": CONTEXT, "poll_interval_s": 0.05, "passive_wait_s": 0.0,
-                            "timeout_s": TIMEOUT_S, **kw})
+                            "pressure_chunk_tokens": CHUNK, "timeout_s": TIMEOUT_S, **kw})
 
 
 async def probe(url: str, **kw) -> ProbeRecord:
@@ -92,7 +92,6 @@ PROXY_ROWS = [
     ("rehost", "http_500", Verdict.ERROR, ErrorReason.HTTP_5XX, "rehost: POST /generate: HTTP 500: Internal Server Error"),
     ("metrics", "http_500", Verdict.ERROR, ErrorReason.HTTP_5XX, "preflight: GET /metrics: HTTP 500: Internal Server Error"),
     ("pressure", "http_429", Verdict.ERROR, ErrorReason.RATE_LIMITED, "pressure: POST /generate: HTTP 429: Too many requests, retry later"),
-    ("cold", "http_429", Verdict.ERROR, ErrorReason.RATE_LIMITED, "cold: POST /generate: HTTP 429: Too many requests, retry later"),
     ("again", "garbage_json", Verdict.ERROR, ErrorReason.BAD_RESPONSE, "again: POST /generate: body is not JSON: '<html><body>502 Bad Gateway</body></html>'"),
     ("preflight", "garbage_json", Verdict.ERROR, ErrorReason.BAD_RESPONSE, "preflight: GET /server_info: body is not JSON: '<html><body>502 Bad Gateway</body></html>'"),
     ("cold", "truncated", Verdict.ERROR, ErrorReason.BAD_RESPONSE, None),
@@ -102,7 +101,6 @@ PROXY_ROWS = [
     ("metrics", "metrics_garbage", Verdict.REUSED, None, None),
     ("metrics", "metrics_no_sglang", Verdict.REUSED, None, None),
     ("cold", "slow", Verdict.REUSED, None, None),
-    ("rehost", "slow", Verdict.REUSED, None, None),
     # SGLang restarted mid-probe on a server that had already counted past this probe's tokens
     ("rehost", "restart", Verdict.ERROR, ErrorReason.SERVER_RESTARTED, "rehost: the server restarted during the probe (its counters went back)"),
     ("pressure", "restart", Verdict.ERROR, ErrorReason.SERVER_RESTARTED, "pressure: the server restarted during the probe (its counters went back)"),
@@ -111,7 +109,8 @@ PROXY_ROWS = [
 
 @pytest.mark.parametrize("phase,kind,verdict,reason,evidence", PROXY_ROWS, ids=[f"{p}-{k}" for p, k, *_ in PROXY_ROWS])
 async def test_fault_in_one_phase(clean, sim, phase, kind, verdict, reason, evidence) -> None:
-    await probe(sim)  # counters past one probe's worth: a restart shows as counters going back
+    if kind == "restart":
+        await probe(sim)  # counters past one probe's worth, so the restart shows as counters going back
     clean.set(phase, kind)
     start = time.monotonic()
     rec = await probe(clean.url)
@@ -223,7 +222,7 @@ def exporter(proxy, tmp_path_factory):
     cfg.write_text(
         "probe_api_token_env: FAULTS_PROBE_TOKEN\n"
         "targets:\n"
-        f"  - {{name: sim, url: '{proxy.url}', interval: 1h, context_tokens: {CONTEXT}, request_timeout: 1.5s,\n"
+        f"  - {{name: sim, url: '{proxy.url}', interval: 1h, context_tokens: {CONTEXT}, request_timeout: 1.5s, pressure_chunk_tokens: {CHUNK},\n"
         "     poll_interval: 50ms, passive_wait: 0, token_budget_per_hour: 100000000}\n"
     )
     port = free_port()
@@ -302,32 +301,3 @@ def test_exporter_reports_the_fault_keeps_serving_and_recovers(exporter, clean, 
     assert sample(exporter, "hicache_canary_verdict", target="sim", verdict="reused") == 1
     assert sample(exporter, "hicache_canary_verdict", target="sim", verdict="error") == 0
     assert sample(exporter, "hicache_canary_target_up", target="sim") == 1
-
-
-def test_exporter_scrapes_stay_fast_while_a_probe_is_stalled(exporter, clean) -> None:
-    """20 scrapers at once while the target holds the cold request open (blackbox: the scrape
-    answers even when the target is sick)."""
-    clean.set("cold", "stall")
-    before = trigger(exporter)
-
-    async def scrape_while_stalled() -> list[float]:
-        async with httpx.AsyncClient(timeout=5) as c:
-            deadline = time.monotonic() + 10
-            while not (await c.get(exporter + "/api/targets/sim")).json()["state"]["in_progress"]:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.02)
-
-            async def one() -> float:
-                t = time.perf_counter()
-                r = await c.get(exporter + "/metrics")
-                assert r.status_code == 200 and "hicache_canary_probe_in_progress" in r.text
-                return time.perf_counter() - t
-
-            return [t for _ in range(5) for t in await asyncio.gather(*(one() for _ in range(20)))]
-
-    times = asyncio.run(scrape_while_stalled())
-    assert sample(exporter, "hicache_canary_probe_in_progress", target="sim") == 1 or last(exporter)["finished_at"] > before
-    times.sort()
-    assert times[int(len(times) * 0.99) - 1] < 0.25, times[-5:]
-    rec = wait_probe(exporter, before)
-    assert rec["reason"] == "timeout"
