@@ -113,6 +113,20 @@ class CachedMetrics:
             self._key, self._messages = key, captured
 
 
+class MetricsFastPath:
+    """ASGI middleware: GET /metrics goes straight to the cached exposition."""
+
+    def __init__(self, app: ASGIApp, metrics: CachedMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+            await self.metrics(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+
 def _bearer(request: Request) -> str | None:
     value = request.headers.get("authorization", "")
     scheme, _, token = value.partition(" ")
@@ -170,6 +184,8 @@ def create_app(
     app.add_middleware(BodyLimit)
     metrics = CachedMetrics(make_asgi_app(registry=registry), scheduler.snapshot)
     app.router.routes.append(Route("/metrics", metrics, methods=["GET"]))
+    # Outermost, so a scrape skips routing and FastAPI's per-request machinery (~half its cost).
+    app.add_middleware(MetricsFastPath, metrics=metrics)
 
     def secrets() -> list[str]:
         return settings.secrets()

@@ -179,6 +179,7 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         initial_delay: Callable[[int, int, float], float] = start_offset,
+        offload: bool = False,
     ):
         self._probe_fn = probe_fn
         self._client_factory = client_factory
@@ -190,6 +191,9 @@ class Scheduler:
         self._clock = clock
         self._wall = wall
         self._initial_delay = initial_delay
+        self._offload = offload
+        self._worker: ProbeThread | None = None
+        self._main_loop: asyncio.AbstractEventLoop | None = None
         self._runners: dict[str, _Runner] = {t.name: _Runner(t, history_limit) for t in targets}
         self._lock = threading.Lock()
         self._published: Mapping[str, TargetSnapshot] = MappingProxyType({})
@@ -219,6 +223,9 @@ class Scheduler:
     def start(self) -> None:
         self._started = True
         self._stopping = False
+        self._main_loop = asyncio.get_running_loop()
+        if self._offload and self._worker is None:
+            self._worker = ProbeThread()
         n = len(self._runners)
         for i, r in enumerate(self._runners.values()):
             self._spawn(r, self._initial_delay(i, n, r.target.interval_s))
@@ -233,6 +240,10 @@ class Scheduler:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._worker is not None:
+            # wait for cancelled probes to finish closing their connections, then end the thread
+            await self._worker.close()
+            self._worker = None
         self._started = False
 
     def trigger(self, name: str) -> Trigger:
@@ -295,41 +306,51 @@ class Scheduler:
 
     async def _cycle(self, r: _Runner) -> float | None:
         """One probe (or one skip). Returns the wait until the budget allows one, if it did not."""
-        t = r.target
         async with self._sem:
             self._publish(r, replace(r.snap, in_progress=True, phase="preflight"))
-            budget_wait: float | None = None
-            up: bool | None = None
-            client = self._client_factory(t)
-            try:
-                need = 3 * t.probe.context_tokens  # R's three sends at least, if the server can't tell us more
-                if self._estimate_fn is not None:
-                    try:
-                        need = max(1, int(await self._estimate_fn(client, t)))
-                        up = True
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as exc:  # the probe itself will report what is wrong
-                        log.debug("target %s: estimate failed (%s)", t.name, type(exc).__name__)
-                now = self._clock()
-                remaining = r.window.remaining(now, t.token_budget_per_hour)
-                if need > remaining:
-                    rec = self._budget_record(t, need, remaining)
-                    budget_wait = r.window.wait_for(now, need, t.token_budget_per_hour)
-                else:
-                    rec = await self._probe(client, r)
-            finally:
-                await _close(client)
+            body = self._contact(r)
+            rec, up, budget_wait = await (self._worker.run(body) if self._worker else body)
         self._apply(r, rec, up)
         return budget_wait
+
+    async def _contact(self, r: _Runner) -> tuple[ProbeRecord, bool | None, float | None]:
+        """Everything that talks to the server; runs on the probe thread when offloading."""
+        t = r.target
+        budget_wait: float | None = None
+        up: bool | None = None
+        client = self._client_factory(t)
+        try:
+            need = 3 * t.probe.context_tokens  # R's three sends at least, if the server can't tell us more
+            if self._estimate_fn is not None:
+                try:
+                    need = max(1, int(await self._estimate_fn(client, t)))
+                    up = True
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the probe itself will report what is wrong
+                    log.debug("target %s: estimate failed (%s)", t.name, type(exc).__name__)
+            # Only this target's cycle touches its window while it runs, so reading it here is safe.
+            now = self._clock()
+            remaining = r.window.remaining(now, t.token_budget_per_hour)
+            if need > remaining:
+                rec = self._budget_record(t, need, remaining)
+                budget_wait = r.window.wait_for(now, need, t.token_budget_per_hour)
+            else:
+                rec = await self._probe(client, r)
+        finally:
+            await _close(client)
+        return rec, up, budget_wait
 
     async def _probe(self, client: Any, r: _Runner) -> ProbeRecord:
         def progress(event: Any) -> None:
             # canary.ProgressEvent (or a bare Phase from a fake): only the phase name is kept
             phase = getattr(event, "phase", event)
             name = phase.value if isinstance(phase, Phase) else str(phase)
-            if r.snap.in_progress and name != "done":
-                self._publish(r, replace(r.snap, phase=name))
+            if name != "done":
+                if self._worker is not None and self._main_loop is not None:
+                    self._main_loop.call_soon_threadsafe(self._set_phase, r, name)
+                else:
+                    self._set_phase(r, name)
 
         started = self._wall()
         try:
@@ -346,6 +367,10 @@ class Scheduler:
                 reason=ErrorReason.INTERNAL,
                 evidence=f"internal error in the probe ({type(exc).__name__})",
             )
+
+    def _set_phase(self, r: _Runner, name: str) -> None:
+        if r.snap.in_progress:
+            self._publish(r, replace(r.snap, phase=name))
 
     def _budget_record(self, t: Target, need: int, remaining: int) -> ProbeRecord:
         now = self._wall()
@@ -441,6 +466,44 @@ class Scheduler:
     def _publish_all(self) -> None:
         with self._lock:
             self._published = MappingProxyType({n: r.snap for n, r in self._runners.items()})
+
+
+class ProbeThread:
+    """An event loop on its own thread for everything that talks to SGLang.
+
+    Parsing SGLang's /metrics takes ~50-150 ms of pure Python per poll; on the serving loop that
+    would stall every scrape behind it. On this thread the GIL is handed back every few ms, so
+    /metrics keeps answering while a probe parses.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="hicache-canary-probes", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    async def run(self, coro: Awaitable[Any]) -> Any:
+        # Cancelling the awaiting task cancels the coroutine's task on the probe thread.
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))  # type: ignore[arg-type]
+
+    async def close(self, timeout: float = 10.0) -> None:
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        fut = asyncio.run_coroutine_threadsafe(cancel_all(), self.loop)
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            await asyncio.to_thread(self.thread.join, timeout)
+            if not self.thread.is_alive():
+                self.loop.close()
 
 
 def _latest_counters(rec: ProbeRecord) -> CounterSnapshot | None:
