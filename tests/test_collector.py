@@ -79,7 +79,7 @@ def test_every_readme_metric_is_exposed_after_a_probe_and_nothing_else():
     sched, reg = make()
     apply(sched, silent_record())
     expected = readme_metrics()
-    assert "hicache_canary_host_pool_total_tokens" in expected and len(expected) == 25
+    assert "hicache_canary_host_pool_total_tokens" in expected and len(expected) == 26
     assert exposed_names(reg) == expected
 
 
@@ -96,6 +96,8 @@ def test_before_any_probe_counters_and_histograms_exist_at_zero_and_no_guesses()
     assert g("hicache_canary_tokens_sent_total", {"target": "gpu-0", "kind": "pressure"}) == 0
     assert g("hicache_canary_passive_pressure_tokens_total", {"target": "gpu-0"}) == 0
     assert g("hicache_canary_probe_in_progress", {"target": "gpu-0"}) == 0
+    # HiCacheCanaryStale scales with each target's own interval, so it must be exported.
+    assert g("hicache_canary_probe_interval_seconds", {"target": "gpu-0"}) > 0
     # unknown is absent, not 0 or NaN: a ratio or "down" we never measured would be a lie
     assert g("hicache_canary_rehost_cold_ratio", {"target": "gpu-0"}) is None
     assert g("hicache_canary_target_up", {"target": "gpu-0"}) is None

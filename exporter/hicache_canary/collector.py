@@ -45,6 +45,7 @@ def _families() -> dict[str, Metric]:
         "conclusive_ts": g(P + "last_conclusive_probe_timestamp_seconds", "when the last probe with a verdict about HiCache finished", labels=T),
         "duration": g(P + "last_probe_duration_seconds", "wall time of the last probe", labels=T),
         "in_progress": g(P + "probe_in_progress", "1 while a probe runs", labels=T),
+        "interval": g(P + "probe_interval_seconds", "the configured probe interval (staleness alerts scale with it)", labels=T),
         "up": g(P + "target_up", "1 when the last contact with the server (preflight or probe) succeeded", labels=T),
         "probes": c(P + "probes_total", "probes by verdict", labels=T + ["verdict"]),
         "errors": c(P + "probe_errors_total", "probes that ended in error, by reason", labels=T + ["reason"]),
@@ -141,6 +142,7 @@ class CanaryCollector(Collector):
         if s.last_conclusive_at is not None:
             fams["conclusive_ts"].add_metric([name], s.last_conclusive_at)
         fams["in_progress"].add_metric([name], 1.0 if s.in_progress else 0.0)
+        fams["interval"].add_metric([name], float(s.target.interval_s))
         if s.up is not None:
             fams["up"].add_metric([name], 1.0 if s.up else 0.0)
         for v in Verdict:
