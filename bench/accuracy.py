@@ -25,17 +25,24 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-from _common import in_process_sim, scaled_settings, table
+from _common import PREFILL_S_PER_TOKEN, in_process_sim, scaled_settings, table
 
 from hicache_canary.canary import run_probe
 from hicache_canary.models import Verdict
 
 IDLE_TIME_SCALE = 0.002
 BG_TIME_SCALE = 0.01  # passive waits are timed on the wall clock: keep CPU overhead small against them
-# Without per-tier details (the OpenAI API on a 0.5.17 build) only latency is left to judge by, and it
-# must be the simulated GPU's latency, not the CPU cost of tokenizing R in this process.
-LATENCY_TIME_SCALE = 0.05
-KINDS = ("general", "general", "general", "general", "general", "general", "capped", "disabled")
+# Without per-tier details or tier counters (the OpenAI API on a 0.5.17 build) only latency is left to
+# judge by, and it must be the simulated GPU's latency, not this process's ~50 ms of CPU per request:
+# such scenarios run slower, with R >= 8K (a cold prefill of >= 3 simulated s) on a smaller pool.
+LATENCY_TIME_SCALE = 0.25
+LATENCY_MIN_R = 8192
+LATENCY_MAX_DEVICE = 40_000
+KINDS = ("general", "general", "general", "general", "general", "general", "capped", "disabled", "report_shape")
+# The field report's pool geometry: 354,788 device tokens / chunked_prefill_size 8192 = ~43 filler
+# requests per probe, R = 40,960 (11.5% of the pool); scaled down by keeping both ratios.
+REPORT_FILLERS = 43
+REPORT_R_SHARE = 40_960 / 354_788
 QUICK_KINDS = ("healthy_write_back", "silent_mamba", "silent_chunked", "healthy_write_through", "capped", "disabled",
                "general", "general")
 BACKGROUND_SHARE = 0.3
@@ -120,27 +127,36 @@ def make_scenario(n: int, seed: int, kind: str, quick: bool) -> Scenario:
         hybrid = hybrid or kind == "silent_mamba"
     if kind == "disabled":
         policy = None
+    if kind == "report_shape":  # a fixed build on the report's geometry: healthy, so host reuse must show
+        policy, failure, hybrid = rng.choice(("write_back", "write_through")), "none", True
+        chunk = rng.choice((1024, 2048))
+        device = REPORT_FILLERS * chunk
     if policy == "write_back" and hybrid and failure == "host_mamba_pool_small":
         # Undecidable from the configuration: whether R's state survives 4 slots depends on how many
         # contexts are evicted after R before the rehost. Not a scenario with a truth.
         failure = "none"
+    api = "openai" if rng.random() < 0.1 else "native"
+    profile = "0.5.17" if rng.random() < 0.2 else "0.5.23"
+    latency_only = api == "openai" and profile == "0.5.17"
+    if latency_only:
+        device = min(max(device, 2 * LATENCY_MIN_R + 2048), LATENCY_MAX_DEVICE)
     r_max = min(16_384, device // 2 - 64)
-    r = rng.randrange(2048, r_max + 1)
+    r = rng.randrange(LATENCY_MIN_R if latency_only else 2048, r_max + 1)
+    if kind == "report_shape":
+        r = int(device * REPORT_R_SHARE)
     if kind == "silent_chunked":
         chunk = 2048
     if hybrid and failure == "host_mamba_pool_small":
         chunk = 2048 if device // 8 >= 2048 else 1024  # at least 4 filler requests after R
     background = kind == "general" and rng.random() < BACKGROUND_SHARE
     warm = int(device * rng.uniform(0.2, 1.5)) if rng.random() < WARM_SHARE else 0
-    api = "openai" if rng.random() < 0.1 else "native"
     cap = None
     if kind == "capped":
         cap = int((device - r) * rng.uniform(0.05, 0.5))  # below free + older: R is never reached
     flags = ["--enable-metrics", "--max-total-tokens", str(device), "--page-size", str(page),
              "--chunked-prefill-size", str(chunk), "--seed", str(seed * 1000 + n),
              "--latency-jitter", f"{rng.uniform(0.0, 0.3):.3f}",
-             "--metrics-profile", "0.5.17" if rng.random() < 0.2 else "0.5.23",
-             "--time-scale", str(time_scale(api, background))]
+             "--metrics-profile", profile, "--time-scale", str(time_scale(latency_only, background))]
     if policy is not None:
         host = int(device * rng.uniform(2.0, 4.0))
         flags += ["--enable-hierarchical-cache", "--hicache-write-policy", policy, "--hicache-host-tokens", str(host),
@@ -149,8 +165,8 @@ def make_scenario(n: int, seed: int, kind: str, quick: bool) -> Scenario:
         flags.append("--hybrid-model")
     if background:
         ctx = rng.choice((1024, 2048, 4096))
-        busy = rng.uniform(0.3, 0.7)  # share of the simulated GPU the server's own traffic keeps busy
-        rps = busy / (0.1 + ctx * (15.3 / 40960))
+        busy = rng.uniform(0.2, 0.5)  # share of the simulated GPU the server's own traffic keeps busy
+        rps = busy / (0.1 + ctx * PREFILL_S_PER_TOKEN)  # 0.1 s: the simulator's per-request base
         flags += ["--background-rps", f"{rps:.3f}", "--background-context-tokens", str(ctx)]
     t, accept, why = truth(policy, hybrid, failure, r, chunk)
     if kind == "capped" and policy is not None:
@@ -158,8 +174,8 @@ def make_scenario(n: int, seed: int, kind: str, quick: bool) -> Scenario:
     return Scenario(n, seed, kind, tuple(flags), r, api, cap, warm, background, t, accept, why)
 
 
-def time_scale(api: str, background: bool) -> float:
-    return LATENCY_TIME_SCALE if api == "openai" else BG_TIME_SCALE if background else IDLE_TIME_SCALE
+def time_scale(latency_only: bool, background: bool) -> float:
+    return LATENCY_TIME_SCALE if latency_only else BG_TIME_SCALE if background else IDLE_TIME_SCALE
 
 
 def scenarios(count: int, seed: int, quick: bool) -> list[Scenario]:
@@ -193,7 +209,7 @@ async def _warm(client, tokens: int, rng: random.Random, api: str) -> None:
 
 async def _run(sc: Scenario) -> Outcome:
     t0 = time.perf_counter()
-    scale = time_scale(sc.api, sc.background)
+    scale = float(dict(zip(sc.flags, sc.flags[1:]))["--time-scale"])
     settings = scaled_settings(scale, target=f"s{sc.n}", context_tokens=sc.context_tokens, api=sc.api,
                                max_pressure_tokens=sc.max_pressure_tokens)
     async with in_process_sim(list(sc.flags)) as (client, _sim):
