@@ -227,9 +227,13 @@ def in_container() -> bool:
 
 def _read_secret(path: str, where: str, problems: list[str]) -> SecretStr | None:
     try:
-        value = Path(path).read_text().strip()
+        value = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
         problems.append(f"{where}: cannot read {path}: {exc.strerror or exc}")
+        return None
+    except UnicodeDecodeError:
+        # Never echo the bytes: they are (part of) a secret.
+        problems.append(f"{where}: {path} is not UTF-8 text")
         return None
     if not value:
         problems.append(f"{where}: {path} is empty")
@@ -363,22 +367,35 @@ def _env_overrides(doc: dict[str, Any], env: Mapping[str, str], problems: list[s
             value = _env_value(var, env[var], check, problems)
             if value is not None and isinstance(targets, list):
                 # env wins over the file: it is how an operator overrides a mounted config
-                doc["defaults"] = {**(doc.get("defaults") or {}), key: value}
+                doc["defaults"] = {**_mapping(doc, "defaults", problems), key: value}
                 targets = [({**t, key: value} if isinstance(t, dict) else t) for t in targets]
     if targets is not None:
         doc["targets"] = targets
     if env.get("HICACHE_CANARY_LISTEN_PORT"):
         port = _env_value("HICACHE_CANARY_LISTEN_PORT", env["HICACHE_CANARY_LISTEN_PORT"], _port, problems)
         if port is not None:
-            doc["listen"] = {**(doc.get("listen") or {}), "port": port}
+            doc["listen"] = {**_mapping(doc, "listen", problems), "port": port}
     return doc
+
+
+def _mapping(doc: dict[str, Any], key: str, problems: list[str]) -> dict[str, Any]:
+    """doc[key] as a mapping to merge an env override into; a non-mapping is reported, not merged."""
+    value = doc.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"{key}: must be a mapping, not {type(value).__name__}")
+        return {}
+    return value
 
 
 def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read config: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: not UTF-8 text (byte {exc.start}); save the config as UTF-8"]) from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
