@@ -61,6 +61,9 @@ class ErrorReason(str, Enum):
 
 class Phase(str, Enum):
     COLD = "cold"
+    # write_through_selective only: R once more right after cold (a device hit), so R reaches the
+    # backup threshold of 2 hits as any returning context would. Never a latency label value.
+    PRIME = "prime"
     PRESSURE = "pressure"
     REHOST = "rehost"
     AGAIN = "again"
@@ -83,8 +86,10 @@ class ProbeSettings:
     context_tokens: int = 16384
     api: str = "auto"  # auto | native | openai
     max_pressure_tokens: int | None = None  # cap on synthetic filler per probe (None: 4x device pool)
-    pressure_chunk_tokens: int | None = None  # None: the server's chunked_prefill_size, else 8192
-    passive_wait_s: float = 60.0  # how long to let the server's own traffic do the eviction
+    pressure_chunk_tokens: int | None = None  # filler per request; None: pressure.chunk_tokens (>= R)
+    # How long the server's own traffic may take to evict R before filler covers the rest: a third of
+    # the default 15-minute interval, since a busy node needs minutes to turn a 355K-token pool over.
+    passive_wait_s: float = 300.0
     busy_queue_threshold: int = 2  # skip (skipped_busy) when sglang:num_queue_reqs is above this
     busy_running_threshold: int | None = None  # and/or when num_running_reqs is above this
     host_hit_threshold: float = 0.5  # rehost host-cached share at or above which R counts as reused
