@@ -3,7 +3,8 @@
 The exporter (`hicache-canary serve`) and the simulator (`hicache-canary sim`, write_back, tiny pools
 and time scale so a probe costs a dozen cheap HTTP calls) run as their own processes on 127.0.0.1.
 Probes are started one after another with `POST /api/probe/<target>` (the scheduler's interval is
-an hour, so every probe is one we asked for) and each is awaited on `/api/targets/<target>`. Before
+an hour, so every probe is one we asked for); each is awaited on `hicache_canary_probes_total` and
+its record read once from `/api/targets/<target>`. Before
 some probes a fault is switched on in the simulator (`/_sim/faults`: 5xx, 429, malformed JSON, a
 reply slower than the request timeout, metric families missing) or the simulator restarts
 (`/_sim/restart`), and switched off after.
@@ -38,7 +39,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "soak-probe-token"
 SIM_FLAGS = ("--enable-hierarchical-cache", "--enable-metrics", "--hybrid-model", "--hicache-write-policy", "write_back",
-             "--max-total-tokens", "4000", "--hicache-host-tokens", "8000", "--chunked-prefill-size", "8192",
+             "--max-total-tokens", "2000", "--hicache-host-tokens", "4000", "--chunked-prefill-size", "8192",
              "--time-scale", "0.0005")
 REQUEST_TIMEOUT_S = 0.3
 # One fault every few probes, cycling; None is a clean probe. Each fault: (name, switch or "restart", verdict, reason)
@@ -123,13 +124,15 @@ class Soak:
         self.sim, self.exporter = sim, exporter
         self.http = httpx.Client(timeout=10)
 
-    def last_finished(self) -> float:
-        last = self.http.get(self.exporter + "/api/targets/sim").json()["last"]
-        return last["finished_at"] if last else 0.0
+    def probes_done(self) -> float:
+        """Probes finished so far, from /metrics: cheap to poll (the exporter caches its rendering),
+        unlike /api/targets, which serializes the whole history and would compete with the probe."""
+        text = self.http.get(self.exporter + "/metrics").text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("hicache_canary_probes_total{"))
 
     def probe(self, timeout: float = 60) -> dict:
         deadline = time.monotonic() + timeout
-        before = self.last_finished()
+        before = self.probes_done()
         while True:
             r = self.http.post(self.exporter + "/api/probe/sim", headers={"Authorization": f"Bearer {TOKEN}"})
             if r.status_code == 202:
@@ -138,9 +141,8 @@ class Soak:
                 raise SystemExit(f"POST /api/probe/sim: {r.status_code} {r.text}")
             time.sleep(0.01)
         while time.monotonic() < deadline:
-            last = self.http.get(self.exporter + "/api/targets/sim").json()["last"]
-            if last and last["finished_at"] > before:
-                return last
+            if self.probes_done() > before:
+                return self.http.get(self.exporter + "/api/targets/sim").json()["last"]
             time.sleep(0.01)
         raise SystemExit(f"a probe did not finish within {timeout}s")
 
@@ -161,7 +163,7 @@ def run(n: int) -> int:
     sim_url, exp_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{exp_port}"
     (tmp / "exporter.yml").write_text(
         "probe_api_token_env: SOAK_TOKEN\nhistory_limit: 100\ntargets:\n"
-        f"  - {{name: sim, url: '{sim_url}', interval: 1h, context_tokens: 1024, pressure_chunk_tokens: 4096,\n"
+        f"  - {{name: sim, url: '{sim_url}', interval: 1h, context_tokens: 512, pressure_chunk_tokens: 4096,\n"
         f"     request_timeout: {REQUEST_TIMEOUT_S}s, poll_interval: 10ms, passive_wait: 0, token_budget_per_hour: 1000000000}}\n"
     )
     sim = Child([*py, "sim", "--host", "127.0.0.1", "--port", str(sim_port), *SIM_FLAGS], tmp / "sim.log")
