@@ -189,12 +189,9 @@ async def test_server_process_dies_mid_probe_then_is_restarted() -> None:
 
 
 # A restart on a freshly started server: its counters after the restart are still above the probe's
-# first snapshot (taken near zero), so comparing with the first snapshot alone misses it, and R
-# re-sent to an empty cache reads as "never reused". The exporter then lies.
-FRESH_RESTART = [
-    pytest.param("rehost", marks=pytest.mark.xfail(strict=True, reason="BUG: restart before rehost on a fresh server gives a false `silent` (canary._restarted compares only with the probe's first snapshot)")),
-    pytest.param("again", marks=pytest.mark.xfail(strict=True, reason="BUG: restart before again on a fresh server gives a false `device_cache_broken` (canary._restarted compares only with the probe's first snapshot)")),
-]
+# first snapshot (taken near zero), so the canary compares every snapshot with the previous one; R
+# re-sent to an empty cache would otherwise read as "never reused" and the exporter would lie.
+FRESH_RESTART = ["rehost", "again"]
 
 
 @pytest.mark.parametrize("phase", FRESH_RESTART)
