@@ -91,6 +91,47 @@ async def test_write_through_without_failure_reuses(sim) -> None:
     assert rec.verdict == Verdict.REUSED, rec.evidence
 
 
+async def test_idle_server_credits_no_passive_pressure(sim) -> None:
+    """Nothing else runs: every token of turnover is the probe's own, none is the server's traffic."""
+    url = sim(*HYBRID, "--hicache-write-policy", "write_back")
+    for seed in range(2):  # the second probe runs on a full pool, where filler evicts whole older leaves
+        rec, _ = await probe(url)
+        assert rec.verdict == Verdict.REUSED, rec.evidence
+        assert rec.pressure.passive_tokens == 0, rec.pressure
+
+
+# The field report's geometry on a healthy build: R = 11.5% of the device pool, chunked_prefill_size
+# 1/43 of it, a 30-state host Mamba pool. Chunk-sized filler (43 contexts) pushed R's own state out.
+REPORT_SHAPE = ("--enable-hierarchical-cache", "--enable-metrics", "--hybrid-model", "--max-total-tokens", "88064",
+                "--hicache-host-tokens", "176128", "--chunked-prefill-size", "2048", "--hybrid-failure", "none")
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+async def test_report_geometry_on_a_healthy_build_is_reused(sim, policy) -> None:
+    url = sim(*REPORT_SHAPE, "--hicache-write-policy", policy)
+    for _ in range(2):  # the second probe starts with a full host pool, as the report's did
+        rec, _ = await probe(url, context_tokens=10_166)
+        assert rec.verdict == Verdict.REUSED, rec.evidence
+        assert rec.pressure.chunks < 15, rec.pressure
+
+
+async def test_write_through_selective_primes_R_and_reuses(sim) -> None:
+    url = sim(*HYBRID, "--hicache-write-policy", "write_through_selective", "--hybrid-failure", "none")
+    before = prompt_tokens_total(url)
+    rec, _ = await probe(url)
+    assert [s.phase for s in rec.steps] == [Phase.COLD, Phase.PRIME, Phase.PRESSURE, Phase.REHOST, Phase.AGAIN]
+    assert rec.step(Phase.PRIME).cached.device >= R - 64  # a cheap device hit
+    assert rec.verdict == Verdict.REUSED, rec.evidence
+    assert rec.tokens_canary == 4 * R
+    assert prompt_tokens_total(url) - before == rec.tokens_canary + rec.tokens_pressure
+
+
+async def test_write_through_selective_report_build_is_still_silent(sim) -> None:
+    url = sim(*HYBRID, "--hicache-write-policy", "write_through_selective")
+    rec, _ = await probe(url)
+    assert (rec.verdict, rec.cause) == (Verdict.SILENT, Cause.MAMBA_STATE_NOT_BACKED_UP), rec.evidence
+
+
 async def test_hicache_off_sends_nothing(sim) -> None:
     url = sim("--enable-metrics", "--max-total-tokens", "40000")
     before = prompt_tokens_total(url)

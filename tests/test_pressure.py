@@ -10,9 +10,10 @@ from hicache_canary.pressure import (
     clamp_context,
     estimate_probe_tokens,
     eviction_confirmed,
+    filler_now,
     next_chunk,
     plan_pressure,
-    should_wait_passively,
+    server_rate,
     turnover,
 )
 
@@ -40,20 +41,36 @@ def test_plan_need(facts, snapshot, r, need, target, from_gauges) -> None:
     assert (plan.need_tokens, plan.evict_target, plan.from_gauges) == (need, target, from_gauges)
 
 
+HYB = ServerFacts(enable_hierarchical_cache=True, hybrid_model=True, chunked_prefill_size=8192, max_total_num_tokens=354_788, max_req_input_len=262_080)
+
+
 @pytest.mark.parametrize(
-    "settings, facts, chunk",
+    "settings, facts, r, need, mamba_states, chunk",
     [
-        pytest.param(S, REPORT, 4096, id="server-chunked-prefill-size"),
-        pytest.param(ProbeSettings(target="t", pressure_chunk_tokens=2000), REPORT, 2000, id="setting-wins"),
-        pytest.param(S, ServerFacts(max_total_num_tokens=400_000), 8192, id="default-when-server-silent"),
-        pytest.param(S, ServerFacts(chunked_prefill_size=-1, max_total_num_tokens=400_000), 8192, id="chunking-disabled-minus-one"),
-        pytest.param(S, ServerFacts(chunked_prefill_size=8192, max_req_input_len=4000, max_total_num_tokens=400_000), 3936, id="never-over-max-req-input-len"),
-        pytest.param(S, ServerFacts(chunked_prefill_size=8192, max_total_num_tokens=10_000), 2500, id="never-over-a-quarter-of-the-pool"),
-        pytest.param(S, ServerFacts(chunked_prefill_size=5000, page_size=64, max_total_num_tokens=400_000), 4992, id="page-aligned-down"),
+        # Few, large contexts: every filler request is a context (and, on a hybrid model, a host Mamba
+        # state); 43 chunk-sized ones on the report's pool pushed R's own state out of a 30-state pool.
+        pytest.param(S, REPORT, 40_000, 400_000, None, 40_000, id="at-least-R-not-the-server-chunk"),
+        pytest.param(S, REPORT, 2000, 400_000, None, 4096, id="server-chunk-when-larger-than-R"),
+        pytest.param(ProbeSettings(target="t", pressure_chunk_tokens=2000), REPORT, 40_000, 400_000, None, 2000, id="setting-wins"),
+        pytest.param(S, ServerFacts(max_total_num_tokens=400_000), 4000, 400_000, None, 8192, id="default-when-server-silent"),
+        pytest.param(S, ServerFacts(chunked_prefill_size=-1, max_total_num_tokens=400_000), 4000, 400_000, None, 8192, id="chunking-disabled-minus-one"),
+        pytest.param(S, ServerFacts(chunked_prefill_size=8192, max_req_input_len=4000, max_total_num_tokens=400_000), 40_000, 400_000, None, 3936, id="never-over-max-req-input-len"),
+        pytest.param(S, ServerFacts(chunked_prefill_size=8192, max_total_num_tokens=10_000), 4000, 10_000, None, 2500, id="never-over-a-quarter-of-the-pool"),
+        pytest.param(S, ServerFacts(chunked_prefill_size=5000, page_size=64, max_total_num_tokens=400_000), 2000, 400_000, None, 4992, id="page-aligned-down"),
+        pytest.param(S, HYB, 40_960, 354_788, 30, 40_960, id="report-9-contexts-well-under-30-states"),
+        pytest.param(S, HYB, 4096, 354_788, 30, 23_653, id="short-R-grows-filler-to-half-the-mamba-pool-in-contexts"),
+        pytest.param(S, HYB, 4096, 354_788, 4, 88_697, id="tiny-mamba-pool-still-capped-at-a-quarter-pool"),
     ],
 )
-def test_chunk_size(settings, facts, chunk) -> None:
-    assert chunk_tokens(settings, facts) == chunk
+def test_chunk_size(settings, facts, r, need, mamba_states, chunk) -> None:
+    assert chunk_tokens(settings, facts, r, need, mamba_states) == chunk
+
+
+def test_report_probe_inserts_few_contexts() -> None:
+    """The report's pool (R 40,960, 354,788 free) now needs 9 filler requests, not 43."""
+    plan = plan_pressure(S, HYB, gauges(354_788 - 40_896, 40_896, pool=354_788), 40_960)
+    assert plan.chunk_tokens == 40_960
+    assert -(-plan.need_tokens // plan.chunk_tokens) <= 10
 
 
 def test_cap_defaults_to_four_pools_and_honours_setting() -> None:
@@ -67,10 +84,10 @@ def test_cap_defaults_to_four_pools_and_honours_setting() -> None:
 
 def test_next_chunk_sends_only_the_remainder_then_whole_chunks() -> None:
     plan = plan_pressure(S, REPORT, gauges(300_000, 40_000), 40_000)
-    assert next_chunk(plan, 100_000, 0, 1) == 4096
+    assert next_chunk(plan, 100_000, 0, 1) == 40_000  # R-sized filler
     assert next_chunk(plan, 1500, 0, 1) == 1500
     assert next_chunk(plan, 1500, 0, 64) == 1536
-    assert next_chunk(plan, -50, 0, 1) == 4096  # planned turnover done, eviction not confirmed yet
+    assert next_chunk(plan, -50, 0, 1) == 10_000  # planned turnover done, not confirmed yet: quarter chunks
 
 
 @pytest.mark.parametrize(
@@ -80,6 +97,9 @@ def test_next_chunk_sends_only_the_remainder_then_whole_chunks() -> None:
         pytest.param(gauges(1000, 40_000, 500), gauges(0, 40_000, 20_500), 21_000, id="free-then-evictions"),
         pytest.param(CounterSnapshot(prompt_tokens=100.0, cached_tokens={"device": 10.0}), CounterSnapshot(prompt_tokens=5100.0, cached_tokens={"device": 1010.0}), 4000, id="fallback-uncached-prompt-tokens"),
         pytest.param(CounterSnapshot(), CounterSnapshot(), None, id="nothing-tells"),
+        # An 8K filler that evicts R's whole 40K leaf frees 32K slots: allocations were 8K, not 40K
+        # (the idle server that was credited 7-30K tokens of "passive pressure").
+        pytest.param(gauges(0, 40_000, 0), gauges(32_000, 8000, 40_000), 8000, id="whole-leaf-eviction-frees-slack"),
     ],
 )
 def test_turnover(planted, now, expected) -> None:
@@ -95,17 +115,24 @@ def test_eviction_confirmed_needs_older_plus_R_evicted() -> None:
     assert not eviction_confirmed(CounterSnapshot(), CounterSnapshot(), plan)  # no counter: never confirmed
 
 
+def test_server_rate_takes_our_own_requests_out() -> None:
+    assert server_rate(50_000, 40_000, 10.0) == 1000.0
+    assert server_rate(30_000, 40_000, 10.0) == 0.0  # an idle server: only our tokens moved
+    assert server_rate(None, 0, 10.0) == 0.0
+
+
 @pytest.mark.parametrize(
-    "rate, remaining, wait, expected",
+    "remaining, rate, time_left, expected",
     [
-        pytest.param(10_000, 100_000, 60, True, id="busy-server-evicts-R-within-wait"),
-        pytest.param(1000, 100_000, 60, False, id="too-slow-send-filler"),
-        pytest.param(0, 100_000, 60, False, id="idle-server"),
-        pytest.param(0, 0, 60, True, id="already-done"),
+        pytest.param(100_000, 0.0, 300, 100_000, id="idle-server-all-filler-now"),
+        pytest.param(100_000, 1000.0, 300, 0, id="traffic-covers-it-in-the-window-no-filler"),
+        pytest.param(400_000, 1000.0, 300, 100_000, id="filler-only-for-what-traffic-will-not-cover"),
+        pytest.param(100_000, 1000.0, 0, 100_000, id="window-over-filler-for-the-rest"),
+        pytest.param(-5, 1000.0, 300, 0, id="nothing-left"),
     ],
 )
-def test_passive_wait(rate, remaining, wait, expected) -> None:
-    assert should_wait_passively(rate, remaining, wait) is expected
+def test_filler_now(remaining, rate, time_left, expected) -> None:
+    assert filler_now(remaining, rate, time_left) == expected
 
 
 def test_context_is_clamped_to_the_server() -> None:

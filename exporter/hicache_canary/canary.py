@@ -36,11 +36,14 @@ from .models import (
 )
 from .pressure import (
     MIN_CONTEXT_TOKENS,
+    cached_len,
     clamp_context,
     eviction_confirmed,
+    filler_now,
     next_chunk,
     plan_pressure,
-    should_wait_passively,
+    r_sends,
+    server_rate,
     turnover,
 )
 from .sglang_client import SGLangClient, SGLangError
@@ -111,6 +114,8 @@ class _Probe:
         self.dp_rank: int | None = None
         self.metrics_on = True
         self.first: CounterSnapshot | None = None
+        self.t_first = self.t0
+        self.prev: CounterSnapshot | None = None  # the latest snapshot: a restart shows against it
         self.r_ids: list[int] = []
         self.r_text = ""
         self.tokens_per_word = 1.0
@@ -119,7 +124,11 @@ class _Probe:
         try:
             if await self.preflight():
                 cold = await self.send_r(Phase.COLD, self.first)
-                pressure = await self.pressure(cold.after)
+                planted = cold.after
+                if self.facts.write_policy == "write_through_selective":
+                    # Selective backs a node up on its second hit; a returning context gets one, so R does.
+                    planted = (await self.send_r(Phase.PRIME, cold.after)).after
+                pressure = await self.pressure(planted)
                 rehost = await self.send_r(Phase.REHOST, pressure.after)
                 await self.send_r(Phase.AGAIN, rehost.after)
         except SGLangError as exc:
@@ -156,6 +165,7 @@ class _Probe:
         if self.facts.looks_like_router:
             raise _Stop(ErrorReason.TARGET_IS_ROUTER, ROUTER_EVIDENCE)
         self.first = await self.snap()
+        self.t_first = time.monotonic()
         if self.first is not None and looks_like_router(self.first):
             raise _Stop(ErrorReason.TARGET_IS_ROUTER, ROUTER_EVIDENCE)
         if not self.facts.enable_hierarchical_cache:
@@ -176,7 +186,7 @@ class _Probe:
                 n = _next_dp_rank.get(self.s.target, 0)
                 self.dp_rank, _next_dp_rank[self.s.target] = n % self.facts.dp_size, n + 1
         self.rec.api = "openai" if self.s.api == "openai" else "native"
-        self.planned = 3 * length  # pressure is added once sized
+        self.planned = r_sends(self.facts) * length  # pressure is added once sized
         return True
 
     def _busy(self, snap: CounterSnapshot | None) -> str:
@@ -200,8 +210,11 @@ class _Probe:
                 self.metrics_on = False
                 return None
             raise
-        if self.first is not None and _restarted(self.first, s):
+        # Against the previous snapshot, not only the first: on a fresh server the first one is near
+        # zero, and counters rebuilt after a restart climb past it within one request.
+        if self.prev is not None and _restarted(self.prev, s):
             raise _Stop(ErrorReason.SERVER_RESTARTED, f"{self._where()}: the server restarted during the probe (its counters went back)")
+        self.prev = s
         return s
 
     # --- requests ------------------------------------------------------------------------
@@ -256,29 +269,29 @@ class _Probe:
         r_tokens = self.rec.context_tokens
         plan = plan_pressure(self.s, self.facts, planted, r_tokens)
         pr.planned_tokens = plan.need_tokens
-        self.planned = 3 * r_tokens + min(plan.need_tokens, plan.cap_tokens)
+        self.planned = r_sends(self.facts) * r_tokens + min(plan.need_tokens, plan.cap_tokens)
         self.emit(Phase.PRESSURE, f"LRU needs {plan.need_tokens} tokens of turnover")
         page = self.facts.page_size or 1
+        r_footprint = cached_len(r_tokens, page)  # R's own allocation, taken out of the server's rate
+        deadline = time.monotonic() + self.s.passive_wait_s
         now = planted
-        if planted is not None:
-            # One poll first: how fast does the server's own traffic turn the device pool over?
-            t_start = time.monotonic()
-            await asyncio.sleep(self.s.poll_interval_s)
-            now = await self.snap()
-            moved = turnover(planted, now) or 0.0
-            rate = moved / max(1e-6, time.monotonic() - t_start)
-            if not eviction_confirmed(planted, now, plan) and should_wait_passively(rate, plan.need_tokens - moved, self.s.passive_wait_s):
-                deadline = time.monotonic() + self.s.passive_wait_s
-                while time.monotonic() < deadline and not eviction_confirmed(planted, now, plan):
-                    self.emit(Phase.PRESSURE, f"server traffic: {turnover(planted, now) or 0:.0f}/{plan.need_tokens} tokens")
-                    await asyncio.sleep(self.s.poll_interval_s)
-                    now = await self.snap()
         while not (planted is not None and eviction_confirmed(planted, now, plan)):
             moved = turnover(planted, now)
             remaining = plan.need_tokens - (moved if moved is not None else pr.synthetic_tokens)
             if remaining <= 0 and (now is None or now.evicted_tokens is None):
                 break  # the planned turnover is done and nothing can confirm more
-            n = next_chunk(plan, remaining, pr.synthetic_tokens, page)
+            # Past the plan but unconfirmed (refreshed entries, lagging gauges): a quarter chunk more.
+            want = remaining if remaining > 0 else plan.chunk_tokens / 4
+            if moved is not None:
+                t = time.monotonic()
+                rate = server_rate(turnover(self.first, now), r_footprint + pr.synthetic_tokens, t - self.t_first)
+                want = filler_now(want, rate, deadline - t)
+                if want <= 0:  # the server's own traffic will do it within the passive window
+                    self.emit(Phase.PRESSURE, f"server traffic: {moved:.0f}/{plan.need_tokens} tokens at {rate:.0f}/s")
+                    await asyncio.sleep(self.s.poll_interval_s)
+                    now = await self.snap()
+                    continue
+            n = next_chunk(plan, want, pr.synthetic_tokens, page)
             if n <= 0:
                 pr.limited_by = "max_pressure_tokens"
                 break
@@ -289,6 +302,7 @@ class _Probe:
             now = await self.snap()
             self.emit(Phase.PRESSURE, f"filler {pr.chunks}")
         pr.eviction_confirmed = planted is not None and eviction_confirmed(planted, now, plan)
+        # Only the server's own traffic: net allocations since R was planted minus our filler.
         pr.passive_tokens = int(max(0.0, min(plan.need_tokens, turnover(planted, now) or 0.0) - pr.synthetic_tokens))
         step.prompt_tokens = pr.synthetic_tokens
         step.after = now
@@ -304,11 +318,21 @@ def _tiers(res: GenerateResult) -> CachedTokens | None:
     return None
 
 
-def _restarted(first: CounterSnapshot, now: CounterSnapshot) -> bool:
-    if first.process_start_time is not None and now.process_start_time is not None:
-        return now.process_start_time != first.process_start_time
-    for attr in ("prompt_tokens", "evicted_tokens"):
-        a, b = getattr(first, attr), getattr(now, attr)
+RESTART_COUNTERS = ("prompt_tokens", "evicted_tokens", "backup_tokens", "load_back_tokens", "cached_tokens",
+                    "prefill_effective_tokens", "dropped_tokens")
+
+
+def _total(snap: CounterSnapshot, attr: str) -> float | None:
+    v = getattr(snap, attr)
+    return sum(v.values()) if isinstance(v, dict) else v
+
+
+def _restarted(prev: CounterSnapshot, now: CounterSnapshot) -> bool:
+    """A new process start time, or any counter lower than in the previous snapshot."""
+    if prev.process_start_time is not None and now.process_start_time is not None and now.process_start_time != prev.process_start_time:
+        return True
+    for attr in RESTART_COUNTERS:
+        a, b = _total(prev, attr), _total(now, attr)
         if a is not None and b is not None and b < a:
             return True
     return False

@@ -17,14 +17,26 @@ rounded down to 64 tokens, in case R was still locked), or a whole device pool w
 backup of R is not used as proof: under write_through R is backed up at insert time, long before it
 leaves the device. Filler stops as soon as eviction is confirmed.
 
-Turnover since R was planted, ours and the server's alike, is the allocation volume
-`(kv_available_then - kv_available_now)+ + evicted_tokens delta`; without the gauges it falls back to
-uncached prompt tokens (`prompt_tokens_total` minus `cached_tokens_total` deltas). What the server's
-own traffic contributes (turnover minus our filler) is credited as passive pressure.
+Turnover since R was planted, ours and the server's alike, is the net allocation volume
+`evicted_tokens delta + (kv_available_then - kv_available_now)`, signed: LRU evicts whole leaves, so
+an 8K filler that evicts R's 40K leaf frees 32K slots it never used (clamping the free part at 0 had
+an idle server credited with tens of thousands of tokens of "passive pressure"). Without the gauges
+it falls back to uncached prompt tokens (`prompt_tokens_total` minus `cached_tokens_total` deltas).
+What the server's own traffic contributes (turnover minus our own requests) is credited as passive
+pressure.
 
-Filler is sent in chunks of `pressure_chunk_tokens`, else the server's `chunked_prefill_size` (one
-prefill pass each, so cheap), else 8192; never above `max_req_input_len` and never above a quarter of
-the device pool. Synthetic filler per probe is capped by `max_pressure_tokens` (default: 4x pool).
+Passive first: the server's own turnover rate is measured from the probe's first snapshot on (R's cold
+prefill included, R's own tokens taken out). Filler is sent only for the part that traffic will not
+cover before `passive_wait_s` after R was planted runs out (`filler_now`); on an idle server that is
+all of it, at once, and after the window whatever is left.
+
+Filler requests are few and large: every filler request is a context the radix tree inserts (and, on
+a hybrid model under write_through, a host Mamba state: 43 chunk-sized requests on the report's pool
+pushed R's own state out of a 30-state host Mamba pool). A request is `pressure_chunk_tokens` if set,
+else the larger of R's length and the server's `chunked_prefill_size` (8192 if unknown), grown on a
+hybrid model so the probe inserts at most half the host Mamba pool's states in contexts; never above
+`max_req_input_len` and never above a quarter of the device pool. Synthetic filler per probe is
+capped by `max_pressure_tokens` (default: 4x pool).
 """
 
 from __future__ import annotations
@@ -66,8 +78,18 @@ def cached_len(r_tokens: int, page_size: int) -> int:
     return align_down(max(0, r_tokens - 1), page_size)
 
 
-def chunk_tokens(settings: ProbeSettings, facts: ServerFacts) -> int:
-    chunk = settings.pressure_chunk_tokens or facts.chunked_prefill_size or DEFAULT_CHUNK_TOKENS
+def chunk_tokens(settings: ProbeSettings, facts: ServerFacts, r_tokens: int = 0, need_tokens: int | None = None,
+                 host_mamba_states: float | None = None) -> int:
+    """Tokens per filler request (see the module docstring): few, large contexts."""
+    if settings.pressure_chunk_tokens:
+        chunk = settings.pressure_chunk_tokens
+    else:
+        server = facts.chunked_prefill_size if facts.chunked_prefill_size and facts.chunked_prefill_size > 0 else DEFAULT_CHUNK_TOKENS
+        chunk = max(server, r_tokens)
+        if facts.hybrid_model and host_mamba_states and need_tokens:
+            # Each filler context takes a host Mamba state: keep them to half the pool's states.
+            most = max(1, int(host_mamba_states) // 2)
+            chunk = max(chunk, math.ceil(need_tokens / most))
     if chunk <= 0:  # chunked prefill disabled on the server (-1)
         chunk = DEFAULT_CHUNK_TOKENS
     if facts.max_req_input_len:
@@ -97,7 +119,6 @@ def plan_pressure(settings: ProbeSettings, facts: ServerFacts, after_cold: Count
     page = facts.page_size or 1
     r = cached_len(r_tokens, page)
     pool = _pool(facts, after_cold) or 0
-    chunk = chunk_tokens(settings, facts)
     if after_cold is not None and after_cold.kv_available_tokens is not None and after_cold.kv_evictable_tokens is not None:
         older = max(0.0, after_cold.kv_evictable_tokens - r)
         need = align_up(after_cold.kv_available_tokens + older + r, page)
@@ -110,6 +131,8 @@ def plan_pressure(settings: ProbeSettings, facts: ServerFacts, after_cold: Count
         target = need
         from_gauges = False
     cap = settings.max_pressure_tokens if settings.max_pressure_tokens is not None else DEFAULT_CAP_POOLS * max(pool, need)
+    mamba = after_cold.host_mamba_total_states if after_cold is not None else None
+    chunk = chunk_tokens(settings, facts, r_tokens, need, mamba)
     return PressurePlan(need_tokens=need, evict_target=target, chunk_tokens=chunk, cap_tokens=max(0, cap), from_gauges=from_gauges)
 
 
@@ -131,7 +154,8 @@ def turnover(planted: CounterSnapshot | None, now: CounterSnapshot | None) -> fl
     evicted = _grew(planted.evicted_tokens, now.evicted_tokens)
     free_used = _d(now.kv_available_tokens, planted.kv_available_tokens)
     if evicted is not None and free_used is not None:
-        return max(0.0, free_used) + max(0.0, evicted)
+        # Signed: slots freed by evicting a whole leaf beyond what an allocation needed are not turnover.
+        return max(0.0, evicted + free_used)
     prompt = _grew(planted.prompt_tokens, now.prompt_tokens)
     if prompt is None:
         return max(0.0, evicted) if evicted is not None else None
@@ -146,23 +170,38 @@ def eviction_confirmed(planted: CounterSnapshot | None, now: CounterSnapshot | N
     return evicted is not None and evicted >= plan.evict_target
 
 
-def should_wait_passively(rate_tokens_per_s: float, remaining_tokens: float, passive_wait_s: float) -> bool:
-    """Let the server's own traffic do the eviction when it will within the wait budget."""
+def filler_now(remaining_tokens: float, server_rate_tokens_per_s: float, time_left_s: float) -> int:
+    """Filler to send now: the part of the remaining turnover the server's own traffic, at its measured
+    rate, will not cover in the time left of the passive window (all of it when idle or out of time)."""
     if remaining_tokens <= 0:
-        return True
-    return rate_tokens_per_s > 0 and remaining_tokens / rate_tokens_per_s <= passive_wait_s
+        return 0
+    covered = max(0.0, server_rate_tokens_per_s) * max(0.0, time_left_s)
+    return int(math.ceil(max(0.0, remaining_tokens - covered)))
+
+
+def server_rate(turnover_tokens: float | None, own_tokens: float, elapsed_s: float) -> float:
+    """The server's own allocation rate: turnover since the probe's first snapshot minus our requests."""
+    if turnover_tokens is None or elapsed_s <= 0:
+        return 0.0
+    return max(0.0, turnover_tokens - own_tokens) / elapsed_s
 
 
 def next_chunk(plan: PressurePlan, remaining_tokens: float, synthetic_sent: int, page_size: int) -> int:
     """Size of the next filler request: the remainder (page-aligned up), at most a chunk and the cap."""
     left_in_cap = plan.cap_tokens - synthetic_sent
-    # Past the planned turnover but not yet confirmed (refreshed entries, lagging gauges): whole chunks.
-    want = align_up(remaining_tokens, page_size or 1) if remaining_tokens > 0 else plan.chunk_tokens
+    # Past the planned turnover but not yet confirmed (refreshed entries, lagging gauges): quarter
+    # chunks, since a chunk is now R-sized and a whole one would overshoot the floor by R.
+    want = align_up(remaining_tokens if remaining_tokens > 0 else plan.chunk_tokens / 4, page_size or 1)
     return max(0, min(plan.chunk_tokens, want, left_in_cap))
 
 
+def r_sends(facts: ServerFacts) -> int:
+    """How often a probe sends R: cold, rehost, again, plus the prime on write_through_selective."""
+    return 4 if facts.write_policy == "write_through_selective" else 3
+
+
 def estimate_probe_tokens(settings: ProbeSettings, facts: ServerFacts, snapshot: CounterSnapshot | None) -> int:
-    """Prompt tokens a probe will send on an idle server: R three times plus the filler (budget check)."""
+    """Prompt tokens a probe will send on an idle server: R's sends plus the filler (budget check)."""
     r = clamp_context(settings, facts)
     page = facts.page_size or 1
     if snapshot is not None and snapshot.kv_available_tokens is not None and snapshot.kv_evictable_tokens is not None:
@@ -171,4 +210,4 @@ def estimate_probe_tokens(settings: ProbeSettings, facts: ServerFacts, snapshot:
         need = align_up(_pool(facts, snapshot) or r, page)
     pool = _pool(facts, snapshot) or need
     cap = settings.max_pressure_tokens if settings.max_pressure_tokens is not None else DEFAULT_CAP_POOLS * max(pool, need)
-    return 3 * r + min(need, cap)
+    return r_sends(facts) * r + min(need, cap)
