@@ -1,6 +1,7 @@
 """Text rendering for the one-shot commands: live progress on stderr, the probe table, side-by-side.
 
-The table has the field report's shape: one row per step (R-cold, pressure, R-rehost, R-again) with
+The table has the field report's shape: one row per step (R-cold, R-prime on write_through_selective,
+pressure, R-rehost, R-again) with
 latency, prompt tokens, cached device/host tokens and the host pool before/after the step, then
 the rehost/cold ratio, the verdict, the suspected cause and the evidence sentence.
 """
@@ -18,7 +19,7 @@ from typing import Any, TextIO
 from .canary import ProgressEvent
 from .models import Cause, Phase, ProbeRecord, StepRecord
 
-ROW_NAMES = {Phase.COLD: "R-cold", Phase.PRESSURE: "pressure", Phase.REHOST: "R-rehost", Phase.AGAIN: "R-again"}
+ROW_NAMES = {Phase.COLD: "R-cold", Phase.PRIME: "R-prime", Phase.PRESSURE: "pressure", Phase.REHOST: "R-rehost", Phase.AGAIN: "R-again"}
 HEADERS = ("step", "latency", "prompt tok", "cached dev/host", "host pool before -> after")
 
 

@@ -21,14 +21,23 @@ No IO, no clock. The rules (also in docs/verdicts.md), in the order they are tri
    hit was slower than the cold prefill it replaced.
    Without tier evidence, unconfirmed eviction -> `not_evicted`, never `silent`.
 
-Suspected cause of `silent` (counter deltas over the probe; first match wins):
-- `chunked_prefill_not_backed_up`: write_through, R longer than `chunked_prefill_size`, and the
-  KV backups between R's cold send and the start of pressure are below half of R.
-- `host_pool_pressure`: `hicache_dropped_tokens_total` grew, or the host KV pool (>= 98 %) or the
-  host Mamba pool was full when R was re-sent.
+Guard against the probe's own filler (hybrid models): every filler request is a context, and under
+write_through each backs up its own host Mamba state. When the probe inserted after R at least as many
+contexts as the host Mamba pool holds (`hicache_host_mamba_total_states`) and that many states were
+backed up, a host miss is not evidence against the server -> `inconclusive`, naming what to change
+(a larger `context_tokens` / `pressure_chunk_tokens`: fewer, larger contexts) - unless the host KV pool
+holds at least twice as many contexts of R's length as the Mamba pool has states: then any workload of
+such contexts loses states long before KV, a real `host_pool_pressure` read from the gauges alone.
+
+Suspected cause of `silent` (counter deltas over the probe; first match wins, specific evidence first):
+- `chunked_prefill_not_backed_up`: write_through(_selective), R longer than `chunked_prefill_size`,
+  and the KV backups between R's cold send and the start of pressure are below half of R.
 - `mamba_state_not_backed_up`: hybrid model, KV backed up (>= half of R) but the Mamba backups are 0
   or below a quarter of the contexts we inserted (R plus each filler request).
-- `load_back_skipped`: KV and Mamba backed up, host not full, yet the rehost loaded nothing back.
+- `host_pool_pressure`: `hicache_dropped_tokens_total{reason="host_pressure"}` grew, or the host
+  Mamba pool was full (states) when R was re-sent. A full host KV pool alone is not: under
+  write_through it fills up as a matter of course (the report's reached 592,658 of 709,577).
+- `load_back_skipped`: KV and Mamba backed up, no pressure, yet the rehost loaded nothing back.
 - `unknown`: none of the above, or the counters needed are missing (0.5.17 has no backup counter).
 """
 
@@ -53,7 +62,7 @@ DEVICE_SHARE_AGAIN_OK = 0.5  # again device share below this: the device cache i
 LATENCY_SILENT_RATIO = 0.7
 LATENCY_REUSED_RATIO = 0.3
 AGAIN_VISIBLE_RATIO = 0.3  # again/cold below this proves prefill cost shows in latency
-HOST_FULL_SHARE = 0.98
+MAMBA_POOL_OUTGROWN = 2  # host KV contexts of R's length per host Mamba state that make the pool the bottleneck
 MAMBA_BACKUP_SHARE = 0.25
 KV_BACKUP_SHARE = 0.5
 
@@ -116,6 +125,11 @@ def known_counters(record: ProbeRecord) -> frozenset[str]:
             for attr, family in COUNTER_FAMILIES.items():
                 if getattr(snap, attr) is not None or family in snap.families:
                     seen.add(attr)
+    # hicache_backup_tokens_total appears on its first backup, but came in the same releases as the
+    # pre-seeded prefill_effective_tokens_total (0.5.23 has both, 0.5.17 neither): a server with the
+    # latter and no backup series has backed up nothing yet.
+    if "prefill_effective_tokens" in seen:
+        seen.add("backup_tokens")
     return frozenset(seen)
 
 
@@ -191,7 +205,7 @@ def suspect_cause(record: ProbeRecord) -> tuple[Cause, str]:
     mamba_all = _labelled_delta(start, end, "backup_tokens", "mamba", known)
     length = cold.prompt_tokens if cold else record.context_tokens
     if (
-        facts.write_policy == "write_through"
+        facts.write_policy in ("write_through", "write_through_selective")
         and facts.chunked_prefill_size
         and length > facts.chunked_prefill_size
         and kv_cold is not None
@@ -201,39 +215,96 @@ def suspect_cause(record: ProbeRecord) -> tuple[Cause, str]:
             f"R ({length} tokens) is longer than chunked_prefill_size {facts.chunked_prefill_size} "
             f"and only {kv_cold:.0f} KV tokens were backed up after its cold prefill"
         )
-    dropped = _delta(_sum(start.dropped_tokens) or 0.0, _sum(end.dropped_tokens) or 0.0)
-    host_full = (
-        end.host_used_tokens is not None
-        and end.host_total_tokens
-        and end.host_used_tokens >= HOST_FULL_SHARE * end.host_total_tokens
-    )
+    contexts = 1 + (record.pressure.chunks or 0)
+    if (
+        facts.hybrid_model
+        and kv_all is not None
+        and mamba_all is not None
+        and kv_all >= KV_BACKUP_SHARE * r
+        and mamba_all < max(1.0, MAMBA_BACKUP_SHARE * contexts)
+    ):
+        return Cause.MAMBA_STATE_NOT_BACKED_UP, (
+            f"{kv_all:.0f} KV tokens but only {mamba_all:.0f} Mamba states were backed up "
+            f"for {contexts} inserted contexts"
+        )
+    dropped = _host_pressure_drops(start, end)
     mamba_full = (
         end.host_mamba_used_states is not None
         and end.host_mamba_total_states
         and end.host_mamba_used_states >= end.host_mamba_total_states
     )
-    if (dropped or 0) > 0 or host_full or mamba_full:
+    if (dropped or 0) > 0 or mamba_full:
         what = (
-            f"{dropped:.0f} tokens were dropped without host backup" if (dropped or 0) > 0
+            f"{dropped:.0f} tokens were dropped without host backup (reason host_pressure)" if (dropped or 0) > 0
             else f"the host Mamba pool was full ({end.host_mamba_used_states:.0f}/{end.host_mamba_total_states:.0f} states)"
-            if mamba_full
-            else f"the host KV pool was full ({end.host_used_tokens:.0f}/{end.host_total_tokens:.0f} tokens)"
         )
         return Cause.HOST_POOL_PRESSURE, what
     if kv_all is None or (mamba_all is None and facts.hybrid_model):
         return Cause.UNKNOWN, "this server exports no hicache_backup_tokens_total to tell why"
-    contexts = 1 + (record.pressure.chunks or 0)
-    if facts.hybrid_model and kv_all >= KV_BACKUP_SHARE * r and (mamba_all or 0) < max(1.0, MAMBA_BACKUP_SHARE * contexts):
-        return Cause.MAMBA_STATE_NOT_BACKED_UP, (
-            f"{kv_all:.0f} KV tokens but only {mamba_all or 0:.0f} Mamba states were backed up "
-            f"for {contexts} inserted contexts"
-        )
     load_back = _labelled_delta(rehost.before, rehost.after, "load_back_tokens", "kv", known | {"load_back_tokens"}) if rehost else None
     if load_back is None and rehost is not None and rehost.before and rehost.after:
         load_back = _delta(_sum(rehost.before.load_back_tokens) or 0.0, _sum(rehost.after.load_back_tokens) or 0.0)
     if kv_all >= KV_BACKUP_SHARE * r and (load_back or 0) == 0:
-        return Cause.LOAD_BACK_SKIPPED, f"{kv_all:.0f} KV tokens were backed up, the host was not full, yet nothing was loaded back"
+        return Cause.LOAD_BACK_SKIPPED, f"{kv_all:.0f} KV tokens were backed up, nothing was dropped, yet nothing was loaded back"
     return Cause.UNKNOWN, "the counters show no known failure pattern"
+
+
+def _host_pressure_drops(start: CounterSnapshot, end: CounterSnapshot) -> float | None:
+    """Growth of hicache_dropped_tokens_total{reason="host_pressure"} (all reasons if unlabelled)."""
+    def value(snap: CounterSnapshot) -> float:
+        d = snap.dropped_tokens or {}
+        return d.get("host_pressure", 0.0) if any(k for k in d) else sum(d.values())
+    if start.dropped_tokens is None and end.dropped_tokens is None:
+        return None
+    return _delta(value(start), value(end))
+
+
+def _any_snapshot_value(record: ProbeRecord, attr: str) -> float | None:
+    for step in reversed(record.steps):
+        for snap in (step.after, step.before):
+            if snap is not None and getattr(snap, attr):
+                return getattr(snap, attr)
+    return None
+
+
+def own_mamba_pressure(record: ProbeRecord) -> Decision | None:
+    """The guard (module docstring): did the probe's own filler push R's state out of the host Mamba pool?
+
+    None when it cannot have; else the decision to give instead of a plain `silent`.
+    """
+    facts = record.server or ServerFacts()
+    states = _any_snapshot_value(record, "host_mamba_total_states")
+    contexts = record.pressure.chunks or 0
+    if not facts.hybrid_model or not states or contexts < states:
+        return None
+    pressure, rehost = record.step(Phase.PRESSURE), record.step(Phase.REHOST)
+    planted = pressure.before if pressure else None
+    end = (rehost.before if rehost else None) or (pressure.after if pressure else None)
+    backed = _labelled_delta(planted, end, "backup_tokens", "mamba", known_counters(record))
+    if backed is not None and backed < states:
+        return None  # fewer states reached host than it holds: the filler cannot have pushed R's out
+    cold = record.step(Phase.COLD)
+    length = (cold.prompt_tokens if cold and cold.prompt_tokens else record.context_tokens) or 1
+    host_total = _any_snapshot_value(record, "host_total_tokens")
+    held = host_total / length if host_total else 0.0
+    if held >= MAMBA_POOL_OUTGROWN * states:
+        return Decision(
+            Verdict.SILENT,
+            cause=Cause.HOST_POOL_PRESSURE,
+            evidence=(
+                f"the host KV pool holds {held:.0f} contexts of R's {length} tokens but the host Mamba pool only "
+                f"{states:.0f} states: every context backed up after R pushes a state out, so host KV of R-sized "
+                f"contexts is dead memory (size the host Mamba pool up)"
+            ),
+        )
+    return Decision(
+        Verdict.INCONCLUSIVE,
+        evidence=(
+            f"the probe itself inserted {contexts} contexts after R, as many as the host Mamba pool holds ({states:.0f} "
+            f"states), so its own filler may have pushed R's state out of host; raise context_tokens or "
+            f"pressure_chunk_tokens so fewer, larger requests evict R"
+        ),
+    )
 
 
 def _evicted_between(again: StepRecord, r: int) -> bool:
@@ -303,6 +374,9 @@ def _from_shares(record, settings, r, dev, host, again_dev, source, lat, base, d
             evidence=f"eviction of R was not confirmed by evicted_tokens_total and {source} shows {host:.0f} host tokens; no verdict on HiCache",
             **base,
         )
+    guard = own_mamba_pressure(record)
+    if guard is not None:
+        return Decision(guard.verdict, cause=guard.cause, evidence=f"rehost took {host:.0f} of {r} tokens from host ({source}); {guard.evidence}", **base)
     cause, why = suspect_cause(record)
     return Decision(
         Verdict.SILENT,
@@ -327,6 +401,9 @@ def _from_latency(record, settings, cold, rehost, again, ratio, lat, base) -> De
             **base,
         )
     if ratio > LATENCY_SILENT_RATIO:
+        guard = own_mamba_pressure(record)
+        if guard is not None:
+            return Decision(guard.verdict, cause=guard.cause, evidence=f"latency only: {lat}; {guard.evidence}", **base)
         cause, why = suspect_cause(record)
         return Decision(Verdict.SILENT, cause=cause, evidence=f"latency only: {lat} (ratio {ratio:.2f} > {LATENCY_SILENT_RATIO}); {why}", **base)
     if ratio < LATENCY_REUSED_RATIO:
