@@ -80,7 +80,8 @@ def add_probe_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-pressure-tokens", type=non_negative_int, default=None, help="cap on synthetic filler (default 4x device pool)")
     p.add_argument("--timeout", type=positive_float, default=300.0, help="seconds per request (default 300)")
     p.add_argument("--poll-interval", type=positive_float, default=1.0, help="seconds between /metrics polls while evicting")
-    p.add_argument("--passive-wait", type=non_negative_float, default=60.0, help="seconds to let the server's own traffic evict R")
+    p.add_argument("--passive-wait", type=non_negative_float, default=ProbeSettings.passive_wait_s,
+                   help=f"seconds the server's own traffic may take to evict R before filler covers the rest (default {ProbeSettings.passive_wait_s:.0f})")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
