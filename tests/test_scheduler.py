@@ -12,7 +12,15 @@ import pytest
 from hicache_canary.config import load_settings
 from hicache_canary.history import ResultHistory, record_to_dict
 from hicache_canary.models import CachedTokens, ErrorReason, Phase, ProbeRecord, StepRecord, Verdict
-from hicache_canary.scheduler import Scheduler, TokenWindow, Trigger, jittered, next_delay, start_offset
+from hicache_canary.scheduler import (
+    Scheduler,
+    TokenWindow,
+    Trigger,
+    jittered,
+    needs_confirmation,
+    next_delay,
+    start_offset,
+)
 
 HOUR = 3600.0
 
@@ -102,6 +110,33 @@ def sched(fake, ts, **kw) -> Scheduler:
 )
 def test_next_delay(verdict, errors, expected):
     assert next_delay(verdict, 600, errors) == expected
+
+
+@pytest.mark.parametrize(
+    "verdict,streak,expected",
+    [
+        pytest.param(Verdict.SILENT, 1, True, id="first-silent-of-a-streak-is-confirmed"),
+        pytest.param(Verdict.SILENT, 2, False, id="confirmed-silent-waits-the-interval"),
+        pytest.param(Verdict.REUSED, 1, False, id="reused-needs-no-confirmation"),
+        pytest.param(Verdict.ERROR, 1, False, id="error-after-a-silent-is-not-a-new-silent"),
+        pytest.param(None, 0, False, id="no-probe-yet"),
+    ],
+)
+def test_needs_confirmation(verdict, streak, expected):
+    assert needs_confirmation(verdict, streak) is expected
+
+
+@pytest.mark.parametrize(
+    "confirm_after,interval,expected",
+    [
+        pytest.param(60, 900, 60, id="confirm-after-a-minute-not-the-interval"),
+        pytest.param(600, 300, 300, id="never-later-than-the-interval"),
+        pytest.param(0, 900, 900, id="zero-turns-it-off"),
+        pytest.param(None, 900, 900, id="not-asked"),
+    ],
+)
+def test_next_delay_confirms_a_first_silent_early(confirm_after, interval, expected):
+    assert next_delay(Verdict.SILENT, interval, 0, confirm_after=confirm_after) == expected
 
 
 def test_busy_retry_is_capped_at_five_minutes_for_long_intervals():
@@ -318,4 +353,83 @@ async def test_global_concurrency_limit_holds_probes_back():
         await until(lambda: fake.calls == 3)
     finally:
         fake.block.set()
+        await s.stop()
+
+
+async def _drive(s: Scheduler, fake: "Fake", n: int) -> None:
+    """Trigger probes until `fake` has been called n times, each finished and published."""
+    while fake.calls < n:
+        await until(lambda: not s._runners["t0"].busy, what="idle")
+        calls = fake.calls
+        s.trigger("t0")
+        await until(lambda: fake.calls == calls + 1 and not s._runners["t0"].busy, what=f"probe {calls + 1}")
+
+
+async def test_non_conclusive_probes_neither_extend_nor_break_a_silent_streak():
+    script = [Verdict.SILENT, Verdict.ERROR, Verdict.NOT_EVICTED, Verdict.SKIPPED_BUSY, Verdict.INCONCLUSIVE, Verdict.SILENT]
+    fake = Fake(*script, tokens=300)
+    (t,) = targets(1, HICACHE_CANARY_INTERVAL="1h")
+    from dataclasses import replace
+
+    s = sched(fake, [replace(t, confirm_after_s=0)], initial_delay=lambda i, n, iv: HOUR)
+    s.start()
+    try:
+        seen = []
+        for n in range(1, len(script) + 1):
+            await _drive(s, fake, n)
+            snap = s.snapshot()["t0"]
+            seen.append((snap.last.verdict, snap.streak, snap.streak_verdict, snap.since_conclusive, snap.consecutive_errors))
+        assert seen == [
+            (Verdict.SILENT, 1, Verdict.SILENT, 0, 0),
+            (Verdict.ERROR, 1, Verdict.SILENT, 1, 1),
+            (Verdict.NOT_EVICTED, 1, Verdict.SILENT, 2, 0),
+            (Verdict.SKIPPED_BUSY, 1, Verdict.SILENT, 2, 0),
+            (Verdict.INCONCLUSIVE, 1, Verdict.SILENT, 3, 0),
+            (Verdict.SILENT, 2, Verdict.SILENT, 0, 0),
+        ]
+        assert s.snapshot()["t0"].last_conclusive is s.snapshot()["t0"].last
+        await _drive(s, fake, len(script) + 1)  # the script is spent: reused
+        snap = s.snapshot()["t0"]
+        assert (snap.streak, snap.streak_verdict) == (1, Verdict.REUSED)
+    finally:
+        await s.stop()
+
+
+async def test_a_first_silent_is_confirmed_after_confirm_after_then_the_interval_resumes():
+    fake = Fake(Verdict.SILENT, Verdict.SILENT, tokens=300)
+    (t,) = targets(1, HICACHE_CANARY_INTERVAL="1h")
+    from dataclasses import replace
+
+    s = sched(fake, [replace(t, confirm_after_s=0.2)])  # first probe at once, then on its own
+    s.start()
+    try:
+        await until(lambda: s.snapshot()["t0"].last is not None and not s._runners["t0"].busy, what="first probe")
+        assert s.snapshot()["t0"].streak == 1
+        wait = s.snapshot()["t0"].next_probe_at - time.time()
+        assert 0 < wait <= 0.25  # 0.2 s +-10%, not the hour
+        await until(lambda: s.snapshot()["t0"].streak == 2 and not s._runners["t0"].busy, what="the confirming probe")
+        assert fake.calls == 2
+        wait = s.snapshot()["t0"].next_probe_at - time.time()
+        assert 0.85 * HOUR < wait <= 1.1 * HOUR  # confirmed: back to the interval
+    finally:
+        await s.stop()
+
+
+async def test_the_confirming_probe_is_held_to_the_token_budget():
+    fake = Fake(Verdict.SILENT, Verdict.SILENT, tokens=3000)
+
+    async def estimate(client, target):
+        return 3000
+
+    (t,) = targets(1, HICACHE_CANARY_INTERVAL="1h")
+    from dataclasses import replace
+
+    s = sched(fake, [replace(t, confirm_after_s=0.05, token_budget_per_hour=5000)], estimate_fn=estimate)
+    s.start()
+    try:
+        await until(lambda: s.snapshot()["t0"].probes_total.get(Verdict.SKIPPED_BUDGET, 0) == 1, what="confirmation skipped")
+        snap = s.snapshot()["t0"]
+        assert fake.calls == 1 and snap.tokens_canary == 3000  # the early probe sent nothing
+        assert (snap.streak, snap.streak_verdict) == (1, Verdict.SILENT)
+    finally:
         await s.stop()

@@ -75,6 +75,8 @@ class TargetFields(_Strict):
     api_key_env: str | None = None
     api_key_file: str | None = None
     interval: Duration | None = None
+    # Early re-probe after a first `silent` verdict (0: off); capped at `interval`.
+    confirm_after: Annotated[float, BeforeValidator(lambda v: parse_duration(v, allow_zero=True))] | None = None
     context_tokens: PositiveInt | None = None
     max_pressure_tokens: PositiveInt | None = None
     pressure_chunk_tokens: PositiveInt | None = None
@@ -140,6 +142,7 @@ class ConfigFile(_Strict):
 # Built-in values for anything neither the target nor `defaults` sets.
 BUILTIN: dict[str, Any] = {
     "interval": 900.0,
+    "confirm_after": 60.0,
     "context_tokens": 16384,
     "token_budget_per_hour": 2_000_000,
     "busy_queue_threshold": 2,
@@ -158,6 +161,7 @@ class Target:
     token_budget_per_hour: int
     probe: ProbeSettings
     source: str = "config"  # config | env | docker
+    confirm_after_s: float = 60.0  # re-probe this soon after a first `silent` (0: wait the interval)
 
     def summary(self) -> dict[str, Any]:
         """What /api/targets and the status page may show: never the key itself."""
@@ -168,6 +172,7 @@ class Target:
             "source": self.source,
             "api_key": "set" if self.api_key else "none",
             "interval_seconds": self.interval_s,
+            "confirm_after_seconds": self.confirm_after_s,
             "token_budget_per_hour": self.token_budget_per_hour,
             "context_tokens": p.context_tokens,
             "api": p.api,
@@ -291,6 +296,7 @@ def _resolve_target(
         url=url,
         api_key=key,
         interval_s=float(merged["interval"]),
+        confirm_after_s=float(merged["confirm_after"]),
         token_budget_per_hour=int(merged["token_budget_per_hour"]),
         probe=probe,
         source=source,

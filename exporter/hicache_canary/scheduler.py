@@ -1,7 +1,7 @@
 """Per-target probe loops: one asyncio task per target, one probe in flight per target.
 
-Decisions (when to probe next, whether the token budget allows a probe) are pure functions at the
-top of this file. The loop runs the probe function it is given (canary.run_probe in production, a
+Decisions (when to probe next, whether a new `silent` needs an early confirming probe, whether the
+token budget allows a probe) are pure functions at the top of this file. The loop runs the probe function it is given (canary.run_probe in production, a
 fake in unit tests), folds each record into cumulative stats, and publishes an immutable
 `TargetSnapshot` per target, swapped under a lock, which is all the collector ever reads: a scrape
 never waits for a probe.
@@ -31,6 +31,7 @@ ProbeFn = Callable[..., Awaitable[ProbeRecord]]  # (client, ProbeSettings, *, pr
 ClientFactory = Callable[[Target], Any]  # -> an object with `async aclose()`
 EstimateFn = Callable[[Any, Target], Awaitable[int]]  # tokens the next probe will send; may raise
 
+# Listed, not derived from Phase: steps such as Phase.PRIME time R too but are never a latency label.
 LATENCY_PHASES = (Phase.COLD, Phase.REHOST, Phase.AGAIN)
 # Seconds; from a device hit (~0.1 s) to a cold 40K prefill (~15 s) and slow servers beyond.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0)
@@ -50,8 +51,30 @@ def start_offset(index: int, count: int, interval: float, spread_cap: float = 30
     return index * min(interval, spread_cap) / count
 
 
-def next_delay(verdict: Verdict | None, interval: float, consecutive_errors: int, budget_wait: float | None = None) -> float:
-    """Seconds until the next probe, before jitter."""
+def needs_confirmation(verdict: Verdict | None, streak: int) -> bool:
+    """A `silent` that starts a new streak is re-probed early instead of after a whole interval.
+
+    HiCacheSilent pages only on two silent verdicts in a row (one odd probe must not wake anyone);
+    confirming the first one at once brings the second within `confirm_after` instead of a second
+    interval. Only the first of a streak: once confirmed, the regular interval is enough.
+    """
+    return verdict == Verdict.SILENT and streak == 1
+
+
+def next_delay(
+    verdict: Verdict | None,
+    interval: float,
+    consecutive_errors: int,
+    budget_wait: float | None = None,
+    confirm_after: float | None = None,
+) -> float:
+    """Seconds until the next probe, before jitter.
+
+    `confirm_after`: set when the last verdict needs confirming (`needs_confirmation`); 0 or None
+    means no early probe. Never later than the regular interval.
+    """
+    if verdict == Verdict.SILENT and confirm_after:
+        return min(confirm_after, interval)
     if verdict == Verdict.ERROR and consecutive_errors > 0:
         # A blip is re-checked soon; a dead server is left alone, up to 4 intervals.
         return min(interval / 4 * 2 ** (consecutive_errors - 1), interval * 4)
@@ -133,10 +156,14 @@ class TargetSnapshot:
     server: ServerFacts | None = None  # the last /server_info a probe read
     host_used_tokens: float | None = None
     host_total_tokens: float | None = None
+    last_conclusive: ProbeRecord | None = None  # the last probe whose verdict is about HiCache itself
     last_conclusive_at: float | None = None
     last_error_reason: ErrorReason | None = None
+    # Consecutive conclusive verdicts equal to the last conclusive one (`streak_verdict`). Errors,
+    # not_evicted, inconclusive and skips say nothing about HiCache: they neither extend nor break it.
     streak: int = 0
     streak_verdict: Verdict | None = None
+    since_conclusive: int = 0  # probes (skips not counted) since the last conclusive verdict
     in_progress: bool = False
     phase: str | None = None
     up: bool | None = None
@@ -302,7 +329,10 @@ class Scheduler:
                 r.busy = False
             s = r.snap
             verdict = s.last.verdict if s.last else None
-            delay = jittered(next_delay(verdict, r.target.interval_s, s.consecutive_errors, budget_wait), self._rng)
+            confirm = r.target.confirm_after_s if needs_confirmation(verdict, s.streak) else None
+            delay = jittered(next_delay(verdict, r.target.interval_s, s.consecutive_errors, budget_wait, confirm), self._rng)
+            if confirm:
+                log.info("target %s: first silent verdict; confirming it in %.0f s", r.target.name, delay)
 
     async def _cycle(self, r: _Runner) -> float | None:
         """One probe (or one skip). Returns the wait until the budget allows one, if it did not."""
@@ -408,10 +438,13 @@ class Scheduler:
                 up = True
         else:
             up = True
-        streak, streak_verdict = s.streak, s.streak_verdict
-        if verdict not in SKIPS:
+        streak, streak_verdict, since = s.streak, s.streak_verdict, s.since_conclusive
+        if verdict.conclusive:
             streak = streak + 1 if verdict == streak_verdict else 1
             streak_verdict = verdict
+            since = 0
+        elif verdict not in SKIPS:
+            since += 1
         latency = dict(s.latency)
         for phase in LATENCY_PHASES:
             step = rec.step(phase)
@@ -426,10 +459,12 @@ class Scheduler:
             server=rec.server or s.server,
             host_used_tokens=counters.host_used_tokens if counters and counters.host_used_tokens is not None else s.host_used_tokens,
             host_total_tokens=counters.host_total_tokens if counters and counters.host_total_tokens is not None else s.host_total_tokens,
+            last_conclusive=rec if verdict.conclusive else s.last_conclusive,
             last_conclusive_at=rec.finished_at if verdict.conclusive else s.last_conclusive_at,
             last_error_reason=last_error,
             streak=streak,
             streak_verdict=streak_verdict,
+            since_conclusive=since,
             in_progress=False,
             phase=None,
             up=s.up if up is None else up,
