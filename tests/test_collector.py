@@ -79,7 +79,7 @@ def test_every_readme_metric_is_exposed_after_a_probe_and_nothing_else():
     sched, reg = make()
     apply(sched, silent_record())
     expected = readme_metrics()
-    assert "hicache_canary_host_pool_total_tokens" in expected and len(expected) == 26
+    assert "hicache_canary_host_pool_total_tokens" in expected and len(expected) == 29
     assert exposed_names(reg) == expected
 
 
@@ -140,7 +140,12 @@ def test_error_after_silent_keeps_the_measurement_and_sets_the_reason():
     assert g("hicache_canary_verdict", {**t, "verdict": "error"}) == 1
     assert g("hicache_canary_last_error_reason", {**t, "reason": "timeout"}) == 1
     assert g("hicache_canary_probe_errors_total", {**t, "reason": "timeout"}) == 1
-    assert g("hicache_canary_suspected_cause", {**t, "cause": "none"}) == 1
+    # the cause and the alerting state follow the last conclusive probe, not the error
+    assert g("hicache_canary_suspected_cause", {**t, "cause": "mamba_state_not_backed_up"}) == 1
+    assert g("hicache_canary_suspected_cause", {**t, "cause": "none"}) == 0
+    assert g("hicache_canary_last_conclusive_verdict", {**t, "verdict": "silent"}) == 1
+    assert g("hicache_canary_verdict_streak", t) == 1
+    assert g("hicache_canary_consecutive_errors", t) == 1 and g("hicache_canary_probes_since_conclusive", t) == 1
     assert g("hicache_canary_target_up", t) == 0
     assert abs(g("hicache_canary_rehost_cold_ratio", t) - 1.00649) < 1e-4  # "the last probe that got that far"
     assert g("hicache_canary_last_conclusive_probe_timestamp_seconds", t) == 1020
@@ -193,3 +198,33 @@ def test_fifty_targets_share_families_and_describe_matches_collect():
     assert [f.name for f in fams] == [f.name for f in collector.describe()]
     verdict = next(f for f in fams if f.name == "hicache_canary_verdict")
     assert len({s.labels["target"] for s in verdict.samples}) == 51 and len(verdict.samples) == 51 * len(Verdict)
+
+
+def test_alerting_state_counts_only_conclusive_verdicts():
+    """silent, error, not_evicted, silent, then reused: what HiCacheSilent reads after each."""
+    sched, reg = make()
+    g = reg.get_sample_value
+    t = {"target": "gpu-0"}
+    for v in ("reused", "silent", "device_cache_broken", "hicache_disabled"):
+        assert g("hicache_canary_last_conclusive_verdict", {**t, "verdict": v}) == 0  # before any probe: no guess
+    assert g("hicache_canary_last_conclusive_verdict", {**t, "verdict": "error"}) is None  # closed set: conclusive only
+
+    def state():
+        hot = [v for v in ("reused", "silent", "device_cache_broken", "hicache_disabled")
+               if g("hicache_canary_last_conclusive_verdict", {**t, "verdict": v}) == 1]
+        cause = [c.value for c in Cause if g("hicache_canary_suspected_cause", {**t, "cause": c.value}) == 1]
+        return (hot, g("hicache_canary_verdict_streak", t), cause, g("hicache_canary_probes_since_conclusive", t),
+                g("hicache_canary_consecutive_errors", t))
+
+    apply(sched, silent_record(1000))
+    assert state() == (["silent"], 1, ["mamba_state_not_backed_up"], 0, 0)
+    apply(sched, ProbeRecord(target="gpu-0", started_at=2000, finished_at=2001, verdict=Verdict.ERROR, reason=ErrorReason.SERVER_RESTARTED))
+    assert state() == (["silent"], 1, ["mamba_state_not_backed_up"], 1, 1)
+    apply(sched, ProbeRecord(target="gpu-0", started_at=3000, finished_at=3005, verdict=Verdict.NOT_EVICTED))
+    assert state() == (["silent"], 1, ["mamba_state_not_backed_up"], 2, 0)
+    apply(sched, silent_record(4000))
+    assert state() == (["silent"], 2, ["mamba_state_not_backed_up"], 0, 0)
+    assert g("hicache_canary_last_conclusive_probe_timestamp_seconds", t) == 4020
+    reused = ProbeRecord(target="gpu-0", started_at=5000, finished_at=5010, verdict=Verdict.REUSED)
+    apply(sched, reused)
+    assert state() == (["reused"], 1, ["none"], 0, 0)

@@ -142,7 +142,9 @@ def target_view(s: TargetSnapshot, history: list[dict[str, Any]], secrets: list[
             "in_progress": s.in_progress,
             "phase": s.phase,
             "up": s.up,
-            "streak": s.streak,
+            "last_conclusive_verdict": s.streak_verdict.value if s.streak_verdict else None,
+            "streak": s.streak,  # consecutive conclusive verdicts equal to last_conclusive_verdict
+            "probes_since_conclusive": s.since_conclusive,
             "consecutive_errors": s.consecutive_errors,
             "budget_remaining_tokens": s.budget_remaining,
             "next_probe_at": s.next_probe_at,

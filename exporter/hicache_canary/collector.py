@@ -5,9 +5,19 @@ scrape is fast while a probe runs and while a target is down. Names and labels f
 "Exported metrics" table in README.md exactly; label values come only from closed sets
 (models.Verdict, Cause, ErrorReason, Phase, Tier) plus the configured target name. Per-target
 counters and histograms are emitted with zeros from the first scrape so `rate()` and
-`absent()` behave. Examples:
+`absent()` behave.
 
-    hicache_canary_verdict{target="sglang-0",verdict="silent"} 1
+Alerting state is conclusive-only: `last_conclusive_verdict` is the last verdict about HiCache
+itself (reused, silent, device_cache_broken, hicache_disabled), `verdict_streak` counts the
+consecutive conclusive verdicts equal to it, and `suspected_cause` is that probe's cause. A probe
+cut short by a restart (error), one that could not evict R (not_evicted), an undecided one
+(inconclusive) or a skip changes none of them, so HiCacheSilent neither resolves nor re-pages on
+it; `consecutive_errors` and `probes_since_conclusive` say how long that has lasted. Examples
+(a silent server whose last probe was cut short):
+
+    hicache_canary_verdict{target="sglang-0",verdict="error"} 1
+    hicache_canary_last_conclusive_verdict{target="sglang-0",verdict="silent"} 1
+    hicache_canary_verdict_streak{target="sglang-0"} 2
     hicache_canary_rehost_cold_ratio{target="sglang-0"} 0.98
     hicache_canary_tokens_sent_total{target="sglang-0",kind="pressure"} 65536
     hicache_canary_server_info{target="sglang-0",version="0.5.23",write_policy="write_through",hicache="true",hybrid="true",speculative_algorithm="EAGLE"} 1
@@ -26,6 +36,7 @@ from .scheduler import LATENCY_BUCKETS, LATENCY_PHASES, Histogram, TargetSnapsho
 
 P = "hicache_canary_"
 T = ["target"]
+CONCLUSIVE = [v.value for v in Verdict if v.conclusive]
 
 
 def _families() -> dict[str, Metric]:
@@ -33,9 +44,12 @@ def _families() -> dict[str, Metric]:
     g, c = GaugeMetricFamily, CounterMetricFamily
     return {
         "verdict": g(P + "verdict", "1 for the last probe's verdict, 0 for the others", labels=T + ["verdict"]),
-        "cause": g(P + "suspected_cause", "1 for the suspected cause of the last silent verdict (none otherwise)", labels=T + ["cause"]),
+        "conclusive": g(P + "last_conclusive_verdict", "1 for the last verdict about HiCache itself, 0 for the other conclusive verdicts", labels=T + ["verdict"]),
+        "cause": g(P + "suspected_cause", "1 for the suspected cause of the last conclusive verdict if it was silent (none otherwise)", labels=T + ["cause"]),
         "reason": g(P + "last_error_reason", "1 for the reason of the last error verdict", labels=T + ["reason"]),
-        "streak": g(P + "verdict_streak", "consecutive probes that ended in the current verdict (skips do not break a streak)", labels=T),
+        "streak": g(P + "verdict_streak", "consecutive conclusive verdicts equal to the last conclusive one (other verdicts neither extend nor break it)", labels=T),
+        "errors_in_row": g(P + "consecutive_errors", "probes in a row that ended in error (skips neither extend nor break the run)", labels=T),
+        "since_conclusive": g(P + "probes_since_conclusive", "probes since the last conclusive verdict (skips not counted)", labels=T),
         "phase_latency": g(P + "last_phase_latency_seconds", "latency of R's request in the last probe", labels=T + ["phase"]),
         "ratio": g(P + "rehost_cold_ratio", "rehost latency / cold latency of the last probe that got that far", labels=T),
         "cached_ratio": g(P + "rehost_cached_ratio", "share of R's prompt served from each tier on rehost", labels=T + ["tier"]),
@@ -130,10 +144,16 @@ class CanaryCollector(Collector):
         last = s.last
         verdict = last.verdict.value if last and last.verdict else None
         _one_hot(fams["verdict"], name, [v.value for v in Verdict], verdict)
-        cause = (last.cause if last and last.verdict == Verdict.SILENT else Cause.NONE).value if last else None
+        conclusive = s.last_conclusive
+        _one_hot(fams["conclusive"], name, CONCLUSIVE, conclusive.verdict.value if conclusive and conclusive.verdict else None)
+        # The cause of the last conclusive probe, so an error probe after a silent one keeps the
+        # page's `cause` label (a changed label would resolve the page and open a new one).
+        cause = (conclusive.cause if conclusive and conclusive.verdict == Verdict.SILENT else Cause.NONE).value if last else None
         _one_hot(fams["cause"], name, [c.value for c in Cause], cause)
         _one_hot(fams["reason"], name, [r.value for r in ErrorReason], s.last_error_reason.value if s.last_error_reason else None)
         fams["streak"].add_metric([name], float(s.streak))
+        fams["errors_in_row"].add_metric([name], float(s.consecutive_errors))
+        fams["since_conclusive"].add_metric([name], float(s.since_conclusive))
         if s.last_measured is not None:
             _measured(fams, name, s.last_measured)
         if last is not None and last.finished_at is not None:

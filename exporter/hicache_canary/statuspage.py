@@ -15,6 +15,7 @@ from typing import Any
 
 from . import __version__
 from .history import record_to_dict
+from .models import Verdict
 from .scheduler import TargetSnapshot
 
 CSS = resources.files("hicache_canary").joinpath("static/status.css").read_text()
@@ -94,7 +95,9 @@ def _target(s: TargetSnapshot, history: list[dict[str, Any]], secrets: list[str]
     verdict = (last or {}).get("verdict") or "none"
     state = "probing now" + (f" ({escape(s.phase)})" if s.phase else "") if s.in_progress else "idle"
     facts = [
-        ("suspected cause", (last or {}).get("cause", "none") if verdict == "silent" else "none"),
+        # what HiCacheSilent pages on: the last conclusive verdict, which an error probe does not change
+        ("last conclusive verdict", f"{s.streak_verdict.value} x{s.streak}" if s.streak_verdict else "none yet"),
+        ("suspected cause", s.last_conclusive.cause.value if s.last_conclusive and s.streak_verdict == Verdict.SILENT else "none"),
         ("rehost / cold", "-" if not measured or measured["rehost_cold_ratio"] is None else f"{measured['rehost_cold_ratio']:.3f}"),
         ("host share on rehost", "-" if not measured or measured["host_fraction"] is None else f"{measured['host_fraction']:.0%}"),
         ("last probe", _ts((last or {}).get("finished_at"))),
