@@ -8,9 +8,10 @@
 - Alertmanager with the repository's alertmanager.yml rendered by the same script compose runs,
 - a WebhookReceiver behind the pager, chat and heartbeat receivers.
 
-The one timing change to the shipped Alertmanager config: `group_interval` (5m, inherited by the
-pager route) is shortened when asked, because a `resolved` notification waits for the next group
-tick; routing, matchers, group_wait and inhibition stay as shipped.
+The Alertmanager config is the shipped one (pager group_wait 10s, group_interval 1m), so the tests
+prove the timing a user gets; `am_group_interval` can shorten the root's group_interval for a
+comparison (bench/detection.py), never by default. The exporter runs every target with
+`confirm_after: 1s`: a first `silent` is confirmed a second later, whatever the target's interval.
 
 Tests share one stack per session through `shared_stack()` (refcounted, so both e2e files can
 hold it as a session fixture and the last one out stops it): starting it and waiting for the first
@@ -74,6 +75,7 @@ class E2EStack:
     started: float  # time.monotonic() when the simulators were up
     dir: Path
     extra_ams: dict[str, tuple[Proc, str]] = field(default_factory=dict)  # name -> (process, url)
+    marks: dict[str, float] = field(default_factory=dict)  # shared moments between tests (monotonic)
     _stopped: bool = field(default=False, repr=False)
 
     # ---- control
@@ -83,6 +85,11 @@ class E2EStack:
         r = httpx.post(self.sims[name].url + "/_sim/restart", json={"args": list(args)}, timeout=30)
         assert r.status_code == 200, f"restart of {name} failed: {r.status_code} {r.text}"
         return time.monotonic()
+
+    def set_faults(self, name: str, **faults) -> None:
+        """Switch the simulator's runtime faults (e.g. malformed_json=True) without a restart."""
+        r = httpx.post(self.sims[name].url + "/_sim/faults", json=faults, timeout=30)
+        assert r.status_code == 200, f"faults of {name}: {r.status_code} {r.text}"
 
     def stop_sim(self, name: str) -> float:
         self.sims[name].proc.stop()
@@ -169,7 +176,7 @@ class E2EStack:
         self.hook.__exit__(None, None, None)
 
 
-def _exporter_config(sims: dict[str, Sim], path: Path) -> Path:
+def _exporter_config(sims: dict[str, Sim], path: Path, confirm_after: str) -> Path:
     cfg = {
         "probe_api_token_env": "HICACHE_CANARY_E2E_TOKEN",
         "defaults": {
@@ -179,6 +186,9 @@ def _exporter_config(sims: dict[str, Sim], path: Path) -> Path:
             "passive_wait": "0s",  # no traffic of its own: send filler at once
             "poll_interval": "200ms",
             "request_timeout": "30s",
+            # Confirm a first silent verdict a second later (shipped: 60s, capped at the interval):
+            # `doomed`, probed hourly, reaches the two silent probes HiCacheSilent needs on its own.
+            "confirm_after": confirm_after,
         },
         "targets": [{"name": n, "url": s.url, "interval": s.spec.interval} for n, s in sims.items()],
     }
@@ -187,11 +197,14 @@ def _exporter_config(sims: dict[str, Sim], path: Path) -> Path:
 
 
 def _alertmanager_config(out: Path, hook_url: str, group_interval: str | None) -> Path:
-    """The shipped config rendered with webhook URLs under hook_url (+ optional shorter group_interval)."""
+    """The shipped config rendered with webhook URLs under hook_url (+ optional shorter group_interval,
+    on the root route and on every route that sets its own, such as the pager's)."""
     path = render_alertmanager_config(out, {n: f"{hook_url}/{n}" for n in SECRET_NAMES})
     if group_interval is not None:
         cfg = yaml.safe_load(path.read_text())
-        cfg["route"]["group_interval"] = group_interval
+        for route in [cfg["route"], *cfg["route"].get("routes", [])]:
+            if route is cfg["route"] or "group_interval" in route:
+                route["group_interval"] = group_interval
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
@@ -200,8 +213,9 @@ def start_e2e_stack(
     specs: list[SimSpec],
     *,
     time_scale: float = 0.01,
-    am_group_interval: str | None = "2s",
+    am_group_interval: str | None = None,
     extra_alertmanagers: dict[str, str | None] | None = None,
+    confirm_after: str = "1s",
 ) -> E2EStack:
     """Start everything; on any failure stop what already started and re-raise.
 
@@ -234,7 +248,7 @@ def start_e2e_stack(
             started.append(proc)
             extra[name] = (proc, url)
         exporter_port = free_port()
-        cfg = _exporter_config(sims, workdir / "exporter.yml")
+        cfg = _exporter_config(sims, workdir / "exporter.yml", confirm_after)
         exporter = Proc(
             "e2e-exporter",
             canary_argv("serve", "--config", str(cfg), "--host", "127.0.0.1", "--port", str(exporter_port)),
@@ -298,14 +312,24 @@ def acquire_shared_stack() -> E2EStack:
 
 
 def _prime_doomed(stack: E2EStack) -> None:
-    """Give `doomed` the two silent probes HiCacheSilent wants, now, so its page arrives while the
-    other tests run; with a 1h interval it is then never probed again, and its HiCacheSilent keeps
-    firing after the server stops (which is what inhibition has to hide)."""
-    probes = f'sum(hicache_canary_probes_total{{target="{DOOMED}"}})'
-    stack.wait_value(probes, lambda v: v >= 1, 60, "doomed's first scheduled probe")
-    stack.trigger_probe(DOOMED)
+    """Wait for `doomed`'s two silent probes: its first scheduled one, and the exporter's own
+    confirmation a second later (its interval is 1h). Its page then arrives while the other tests
+    run; it is never probed again, so its HiCacheSilent keeps firing after the server stops (which is
+    what inhibition has to hide)."""
     stack.wait_value(f'hicache_canary_verdict_streak{{target="{DOOMED}"}} and on (target) hicache_canary_verdict{{verdict="silent"}} == 1',
-                     lambda v: v >= 2, 60, "doomed's second silent probe")
+                     lambda v: v >= 2, 60, "doomed's confirmed silent verdict")
+    stack.marks["doomed_confirmed"] = time.monotonic()
+
+
+def stop_doomed_after_its_page(stack: E2EStack) -> float:
+    """Stop `doomed` once its HiCacheSilent has paged (once per stack); returns when it stopped.
+
+    The alerting test calls it as soon as it can, so SGLangTargetDown's `for: 2m` runs while the
+    silent server is being fixed rather than after."""
+    if "doomed_stopped" not in stack.marks:
+        stack.wait_notification(PAGER, 240, alertname="HiCacheSilent", target=DOOMED, status="firing")
+        stack.marks["doomed_stopped"] = stack.stop_sim(DOOMED)
+    return stack.marks["doomed_stopped"]
 
 
 def release_shared_stack() -> None:

@@ -65,7 +65,7 @@ def test_both_dashboards_have_queries_and_the_allow_list_names_real_ones():
 
 def test_every_dashboard_query_runs_and_returns_data_against_the_real_prometheus(stack):
     # The annotation query shows firing alerts of a target: on a fresh stack the first one is the
-    # silent servers' HiCacheSilent (the shipped for: 1m); if the alerting test ran first, doomed's
+    # silent servers' HiCacheSilent (confirmed silent probes, then the shipped for:); if the alerting test ran first, doomed's
     # HiCacheSilent and SGLangTargetDown are firing already.
     stack.wait_value('count(ALERTS{alertname=~"HiCache.*|SGLang.*",alertstate="firing",target!=""})', lambda v: v >= 1, 240,
                      "an alert about a target firing")
