@@ -139,11 +139,11 @@ class Soak:
                 break
             if r.status_code != 409 or time.monotonic() > deadline:
                 raise SystemExit(f"POST /api/probe/sim: {r.status_code} {r.text}")
-            time.sleep(0.01)
+            time.sleep(0.03)
         while time.monotonic() < deadline:
             if self.probes_done() > before:
                 return self.http.get(self.exporter + "/api/targets/sim").json()["last"]
-            time.sleep(0.01)
+            time.sleep(0.03)
         raise SystemExit(f"a probe did not finish within {timeout}s")
 
     def fault(self, switch) -> None:

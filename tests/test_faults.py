@@ -11,6 +11,8 @@ while the fault is on, shows `verdict="error"` and the reason, then a real verdi
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from hicache_canary.canary import run_probe
 from hicache_canary.models import ErrorReason, ProbeRecord, ProbeSettings, Verdict
 from hicache_canary.sglang_client import SGLangClient
 from misbehaving import FaultProxy
-from procs import Proc, canary_argv, free_port, start_simulator
+from procs import REPO, Proc, canary_argv, free_port, start_simulator
 
 # The report's hybrid server scaled down 20x, write_back (it reuses: a clean probe says `reused`).
 SIM = ("--enable-hierarchical-cache", "--enable-metrics", "--hybrid-model", "--hicache-write-policy", "write_back",
@@ -298,3 +300,20 @@ def test_exporter_reports_the_fault_keeps_serving_and_recovers(exporter, clean, 
     assert sample(exporter, "hicache_canary_verdict", target="sim", verdict="reused") == 1
     assert sample(exporter, "hicache_canary_verdict", target="sim", verdict="error") == 0
     assert sample(exporter, "hicache_canary_target_up", target="sim") == 1
+
+
+# ---------------------------------------------------------------- soak smoke
+
+
+def test_soak_smoke_run_is_flat_and_every_fault_gets_its_verdict() -> None:
+    """bench/soak.py with 30 probes (the full run is 1,000, see docs/benchmarks.md "Soak")."""
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "soak.py"), "--probes", "30"], capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert "FAIL" not in r.stdout
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.split()[:1] in (["start"], ["25%"], ["100%"])}
+    assert set(rows) == {"start", "25%", "100%"}
+    assert rows["100%"][1] == "30" and rows["100%"][5] == rows["start"][5]  # series: label cardinality did not move
+    verdicts = next(line for line in r.stdout.splitlines() if line.startswith("verdicts: "))
+    for v in ("reused", "error (http_5xx)", "error (bad_response)", "error (timeout)", "error (rate_limited)"):
+        assert v in verdicts, verdicts
