@@ -62,9 +62,32 @@ def looks_like_router(snapshot: CounterSnapshot) -> bool:
     return ROUTER_PREFIX_MARKER in snapshot.families
 
 
+# The families a snapshot reads (names without the sglang prefix). SGLang's /metrics is ~90 KB,
+# mostly histogram buckets we never read; blanking those lines before parsing keeps a parse cheap
+# enough to run around every probe step without stalling the exporter.
+READ_FAMILIES = frozenset(
+    {
+        "hicache_host_used_tokens", "hicache_host_total_tokens",
+        "hicache_host_mamba_used_states", "hicache_host_mamba_total_states",
+        "hicache_backup_tokens_total", "load_back_tokens_total", "evicted_tokens_total",
+        "hicache_dropped_tokens_total", "prefill_effective_tokens_total", "cached_tokens_total",
+        "prompt_tokens_total", "num_running_reqs", "num_queue_reqs", "kv_available_tokens",
+        "kv_evictable_tokens", "max_total_num_tokens",
+    }
+)
+_WANTED = frozenset(
+    {COLON_PREFIX + n for n in READ_FAMILIES} | {UNDERSCORE_PREFIX + n for n in READ_FAMILIES}
+    | {"process_start_time_seconds"}
+)
+# A well-formed sample line: name, optional {labels}, value, optional timestamp.
+_SAMPLE_RE = re.compile(r'^[A-Za-z_:][A-Za-z0-9_:]*(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?[ \t]+\S+([ \t]+-?\d+)?[ \t]*$')
+
+
 def parse_snapshot(text: str, taken_at: float = 0.0) -> CounterSnapshot:
     """Aggregate one `/metrics` body the way SGLang emits each family (see module docstring)."""
-    families, samples, errors = _parse_tolerant(text)
+    typed, kept = _only_read_families(text)
+    families, samples, errors = _parse_tolerant(kept)
+    families |= typed
     colon = [s for s in samples if s[0].startswith(COLON_PREFIX)]
     under = [s for s in samples if s[0].startswith(UNDERSCORE_PREFIX)]
     by_name: dict[str, list[_Sample]] = defaultdict(list)
@@ -165,6 +188,44 @@ def _keyed(samples: list[_Sample] | None, key: str) -> dict[str, float] | None:
 
 
 # --- tolerant parsing -------------------------------------------------------------------------
+
+
+def _only_read_families(text: str) -> tuple[set[str], str]:
+    """(every family named by a TYPE line, the text with unread well-formed lines blanked).
+
+    Lines are blanked, not removed, so parse errors keep the original line numbers; a garbled
+    line is always kept, so it is still reported whichever family it belongs to.
+    """
+    typed: set[str] = set()
+    out = text.split("\n")
+    for i, line in enumerate(out):
+        if not line:
+            continue
+        if line[0] == "#":
+            header = _HEADER_RE.match(line)
+            if header is None:
+                continue
+            name = header.group(2)
+            if header.group(1) == "TYPE":
+                kind = line.split()[-1] if len(line.split()) >= 4 else ""
+                if kind == "counter" and not name.endswith("_total"):
+                    name += "_total"
+                if not name.endswith("_created"):
+                    typed.add(name)
+            if _family_of(header.group(2)) not in _WANTED:
+                out[i] = ""
+            continue
+        m = _NAME_RE.match(line)
+        if m and _family_of(m.group(1)) not in _WANTED and _SAMPLE_RE.match(line):
+            out[i] = ""
+    return typed, "\n".join(out)
+
+
+def _family_of(sample_name: str) -> str:
+    """A sample or header name as the family name READ_FAMILIES uses (counters keep _total)."""
+    if sample_name.endswith("_total") or sample_name in _WANTED:
+        return sample_name
+    return sample_name + "_total" if sample_name + "_total" in _WANTED else sample_name
 
 _Raw = tuple[str, dict[str, str], float]
 
