@@ -79,7 +79,7 @@ def test_every_readme_metric_is_exposed_after_a_probe_and_nothing_else():
     sched, reg = make()
     apply(sched, silent_record())
     expected = readme_metrics()
-    assert "hicache_canary_host_pool_total_tokens" in expected and len(expected) == 29
+    assert "hicache_canary_host_pool_total_tokens" in expected and len(expected) == 31
     assert exposed_names(reg) == expected
 
 
@@ -95,6 +95,8 @@ def test_before_any_probe_counters_and_histograms_exist_at_zero_and_no_guesses()
         assert g("hicache_canary_phase_latency_seconds_count", {"target": "gpu-0", "phase": p}) == 0
     assert g("hicache_canary_tokens_sent_total", {"target": "gpu-0", "kind": "pressure"}) == 0
     assert g("hicache_canary_passive_pressure_tokens_total", {"target": "gpu-0"}) == 0
+    assert g("hicache_canary_watch_errors_total", {"target": "gpu-0"}) == 0
+    assert g("hicache_canary_restarts_detected_total", {"target": "gpu-0"}) == 0
     assert g("hicache_canary_probe_in_progress", {"target": "gpu-0"}) == 0
     # HiCacheCanaryStale scales with each target's own interval, so it must be exported.
     assert g("hicache_canary_probe_interval_seconds", {"target": "gpu-0"}) > 0
@@ -228,3 +230,27 @@ def test_alerting_state_counts_only_conclusive_verdicts():
     reused = ProbeRecord(target="gpu-0", started_at=5000, finished_at=5010, verdict=Verdict.REUSED)
     apply(sched, reused)
     assert state() == (["reused"], 1, ["none"], 0, 0)
+
+
+async def test_the_restart_watch_shows_down_errors_and_restarts_between_probes():
+    from hicache_canary.sglang_client import SGLangError
+
+    texts = ['sglang:prompt_tokens_total{is_streaming="false"} 900\n', None, "", 'sglang:prompt_tokens_total{is_streaming="false"} 20\n']
+
+    async def server(client):
+        text = texts.pop(0)
+        if text is None:
+            raise SGLangError(ErrorReason.CONNECT_FAILED, "GET /metrics: connection refused")
+        return text
+
+    env = {"HICACHE_CANARY_TARGET_URL": "http://127.0.0.1:9", "HICACHE_CANARY_TARGET_NAME": "gpu-0"}
+    sched = Scheduler(load_settings(None, env).targets, None, lambda t: None, watch_fn=server)
+    reg = CollectorRegistry()
+    reg.register(CanaryCollector(sched.snapshot))
+    g, t = reg.get_sample_value, {"target": "gpu-0"}
+    seen = []
+    for _ in range(4):
+        await sched.watch_once("gpu-0")
+        seen.append((g("hicache_canary_target_up", t), g("hicache_canary_watch_errors_total", t), g("hicache_canary_restarts_detected_total", t)))
+    # up; down (an error); back with the children gone: one restart; counters growing again: nothing new
+    assert seen == [(1, 0, 0), (0, 1, 0), (1, 1, 1), (1, 1, 1)]

@@ -146,3 +146,23 @@ def test_serve_with_bad_config_exits_2_and_starts_nothing(tmp_path: Path):
     assert r.returncode == 2
     assert r.stderr == "targets[1].name: duplicate name 'a' (also targets[0])\n"
     assert "Uvicorn running" not in r.stdout + r.stderr
+
+
+def test_restart_watch_keys_default_to_30s_and_60s_and_take_zero(tmp_path: Path):
+    doc = tmp_path / "watch.yml"
+    doc.write_text(
+        "defaults: {restart_probe_delay: 2m}\n"
+        "targets:\n  - {name: a, url: 'http://h:1'}\n  - {name: b, url: 'http://h:2', watch_interval: 0, restart_probe_delay: 0s}\n"
+    )
+    a, b = load_settings(doc, {}).targets
+    assert (a.watch_interval_s, a.restart_probe_delay_s) == (30.0, 120.0)
+    assert (b.watch_interval_s, b.restart_probe_delay_s) == (0.0, 0.0)
+    assert a.summary()["watch_interval_seconds"] == 30.0
+
+
+def test_a_bad_watch_interval_is_one_line(tmp_path: Path):
+    doc = tmp_path / "watch.yml"
+    doc.write_text("targets:\n  - {name: a, url: 'http://h:1', watch_interval: -5s}\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(doc, {})
+    assert str(err.value) == "targets[0].watch_interval: '-5s' is not a duration (use 30s, 10m, 1h or a number of seconds)"

@@ -12,10 +12,12 @@ import pytest
 from hicache_canary.config import load_settings
 from hicache_canary.history import ResultHistory, record_to_dict
 from hicache_canary.models import CachedTokens, ErrorReason, Phase, ProbeRecord, StepRecord, Verdict
+from hicache_canary.sglang_client import SGLangError
 from hicache_canary.scheduler import (
     Scheduler,
     TokenWindow,
     Trigger,
+    after_probe_delay,
     jittered,
     needs_confirmation,
     next_delay,
@@ -155,10 +157,10 @@ def test_start_offsets_spread_targets_apart():
     assert start_offset(0, 1, 600) == 0
 
 
-def test_jitter_stays_within_ten_percent():
+def test_jitter_only_shortens_a_wait_so_the_worst_case_is_one_interval():
     rng = random.Random(0)
     vals = [jittered(100, rng) for _ in range(200)]
-    assert 90 <= min(vals) < 95 and 105 < max(vals) <= 110
+    assert 90 <= min(vals) < 92 and 99 < max(vals) <= 100
 
 
 def test_token_window_slides():
@@ -289,7 +291,7 @@ async def test_busy_skip_retries_sooner_and_does_not_break_a_streak():
             await until(lambda: not s._runners["t0"].busy)
             if n == 2:
                 wait = s.snapshot()["t0"].next_probe_at - time.time()
-                assert 0.2 * 300 < wait <= 1.1 * 300  # busy: min(interval/4, 5 min), not an hour
+                assert 0.2 * 300 < wait <= 300  # busy: min(interval/4, 5 min), not an hour
         snap = s.snapshot()["t0"]
         assert snap.streak == 2 and snap.streak_verdict == Verdict.SILENT
     finally:
@@ -410,7 +412,7 @@ async def test_a_first_silent_is_confirmed_after_confirm_after_then_the_interval
         await until(lambda: s.snapshot()["t0"].streak == 2 and not s._runners["t0"].busy, what="the confirming probe")
         assert fake.calls == 2
         wait = s.snapshot()["t0"].next_probe_at - time.time()
-        assert 0.85 * HOUR < wait <= 1.1 * HOUR  # confirmed: back to the interval
+        assert 0.85 * HOUR < wait <= HOUR  # confirmed: back to the interval
     finally:
         await s.stop()
 
@@ -433,3 +435,157 @@ async def test_the_confirming_probe_is_held_to_the_token_budget():
         assert (snap.streak, snap.streak_verdict) == (1, Verdict.SILENT)
     finally:
         await s.stop()
+
+
+# ------------------------------------------------------------------ the restart watch
+
+
+@pytest.mark.parametrize(
+    "verdict,reason,expected",
+    [
+        pytest.param(Verdict.ERROR, ErrorReason.SERVER_RESTARTED, 60, id="cut-short-by-a-restart-retries-after-warm-up"),
+        pytest.param(Verdict.ERROR, ErrorReason.CONNECT_FAILED, 225, id="other-errors-keep-their-backoff"),
+        pytest.param(Verdict.SILENT, None, 225, id="verdicts-keep-their-delay"),
+    ],
+)
+def test_a_probe_cut_short_by_a_restart_is_retried_after_the_restart_delay(verdict, reason, expected):
+    rec = ProbeRecord(target="t", started_at=0, verdict=verdict, reason=reason)
+    assert after_probe_delay(225, rec, 60) == expected
+    assert after_probe_delay(30, rec, 60) == 30  # never later than it would have been
+
+
+def metrics_text(prompt_tokens: float | None) -> str:
+    if prompt_tokens is None:  # a fresh SGLang process: no labelled children yet
+        return "# HELP sglang:prompt_tokens_total x\n# TYPE sglang:prompt_tokens_total counter\n"
+    return f'sglang:prompt_tokens_total{{engine_type="unified",is_streaming="false",model_name="m"}} {prompt_tokens}\n'
+
+
+class Server:
+    """What the watch's GET /metrics returns: scripted texts, or a connection failure (None)."""
+
+    def __init__(self, *texts: str | None):
+        self.texts = list(texts)
+        self.reads = 0
+
+    async def __call__(self, client) -> str:
+        self.reads += 1
+        text = self.texts.pop(0) if len(self.texts) > 1 else self.texts[0]
+        if text is None:
+            raise SGLangError(ErrorReason.CONNECT_FAILED, "GET /metrics: connection refused")
+        return text
+
+
+def watched(watch_s=0.02, delay_s=0.1, interval="1h", **kw):
+    from dataclasses import replace
+
+    (t,) = targets(1, HICACHE_CANARY_INTERVAL=interval)
+    return replace(t, watch_interval_s=watch_s, restart_probe_delay_s=delay_s, **kw)
+
+
+async def test_counters_going_back_bring_the_next_probe_to_restart_probe_delay():
+    fake = Fake(Verdict.SILENT, tokens=300)
+    server = Server(metrics_text(5000), metrics_text(5000), metrics_text(None), metrics_text(None), metrics_text(40))
+    t = watched(confirm_after_s=0)
+    s = sched(fake, [t], watch_fn=server, initial_delay=lambda i, n, iv: HOUR)
+    s.start()
+    try:
+        await until(lambda: s.snapshot()["t0"].restarts_detected == 1, what="restart detected")
+        detected = time.monotonic()
+        assert fake.calls == 0
+        wait = s.snapshot()["t0"].next_probe_at - time.time()
+        assert 0 < wait <= 0.1  # restart_probe_delay, not the hour
+        await until(lambda: fake.calls == 1 and not s._runners["t0"].busy, what="the restart's probe")
+        assert 0.08 < time.monotonic() - detected < 1.0
+        snap = s.snapshot()["t0"]
+        assert snap.restarts_detected == 1 and snap.watch_errors == 0 and snap.up is True
+        assert 0.85 * HOUR < snap.next_probe_at - time.time() <= HOUR  # then back to the interval
+    finally:
+        await s.stop()
+
+
+async def test_a_server_that_was_unreachable_and_is_back_counts_as_restarted():
+    fake = Fake(tokens=300)
+    server = Server(metrics_text(10), None, None, metrics_text(10))  # same counters: only "back" tells
+    s = sched(fake, [watched()], watch_fn=server, initial_delay=lambda i, n, iv: HOUR)
+    s.start()
+    try:
+        await until(lambda: s.snapshot()["t0"].up is False, what="down seen by the watch, not a probe")
+        assert fake.calls == 0 and s.snapshot()["t0"].watch_errors >= 1
+        await until(lambda: fake.calls == 1, what="probe after it came back")
+        snap = s.snapshot()["t0"]
+        assert snap.restarts_detected == 1 and snap.up is True
+    finally:
+        await s.stop()
+
+
+async def test_steady_counters_never_move_the_probe():
+    fake = Fake(tokens=300)
+    server = Server(metrics_text(10), metrics_text(20), metrics_text(30))
+    s = sched(fake, [watched()], watch_fn=server, initial_delay=lambda i, n, iv: HOUR)
+    s.start()
+    try:
+        await until(lambda: server.reads >= 6, what="several watch polls")
+        snap = s.snapshot()["t0"]
+        assert fake.calls == 0 and snap.restarts_detected == 0 and snap.up is True
+        assert snap.next_probe_at - time.time() > 0.9 * HOUR
+    finally:
+        await s.stop()
+
+
+async def test_the_watch_does_not_poll_while_a_probe_runs_nor_start_a_second_one():
+    fake = Fake(block=True)
+    server = Server(metrics_text(10))
+    s = sched(fake, [watched()], watch_fn=server)  # first probe at once, and it blocks
+    s.start()
+    try:
+        await asyncio.wait_for(fake.started.wait(), 5)
+        reads = server.reads
+        await asyncio.sleep(0.15)  # several watch periods
+        assert server.reads == reads and fake.calls == 1
+    finally:
+        fake.block.set()
+        await s.stop()
+
+
+async def test_a_restart_never_postpones_a_probe_due_sooner():
+    fake = Fake(tokens=300)
+    server = Server(metrics_text(10), metrics_text(1))
+    t = watched(delay_s=30.0)  # the probe is due in 0.4 s: sooner than the restart delay
+    s = sched(fake, [t], watch_fn=server, initial_delay=lambda i, n, iv: 0.4)
+    s.start()
+    try:
+        await until(lambda: s.snapshot()["t0"].restarts_detected == 1, what="restart")
+        await until(lambda: fake.calls == 1, timeout=2, what="the scheduled probe, on time")
+    finally:
+        await s.stop()
+
+
+async def test_the_restart_probe_is_held_to_the_token_budget():
+    fake = Fake(tokens=3000)
+
+    async def estimate(client, target):
+        return 3000
+
+    server = Server(metrics_text(10), metrics_text(10), metrics_text(1))
+    t = watched(token_budget_per_hour=1000)
+    s = sched(fake, [t], watch_fn=server, estimate_fn=estimate, initial_delay=lambda i, n, iv: HOUR)
+    s.start()
+    try:
+        await until(lambda: s.snapshot()["t0"].probes_total.get(Verdict.SKIPPED_BUDGET, 0) == 1, what="budget skip")
+        assert fake.calls == 0 and s.snapshot()["t0"].restarts_detected == 1
+    finally:
+        await s.stop()
+
+
+async def test_no_watch_when_it_would_not_poll_more_often_than_the_probes():
+    fake = Fake(tokens=30)
+    server = Server(metrics_text(10))
+    for t in (watched(watch_s=0), watched(watch_s=0.05, interval="50ms")):
+        s = sched(fake, [t], watch_fn=server, initial_delay=lambda i, n, iv: 0.2)
+        s.start()
+        try:
+            await asyncio.sleep(0.15)
+            assert s._runners["t0"].watch_task is None
+        finally:
+            await s.stop()
+    assert server.reads == 0

@@ -150,6 +150,8 @@ def target_view(s: TargetSnapshot, history: list[dict[str, Any]], secrets: list[
             "next_probe_at": s.next_probe_at,
             "last_conclusive_at": s.last_conclusive_at,
             "last_error_reason": s.last_error_reason.value if s.last_error_reason else None,
+            "restarts_detected": s.restarts_detected,
+            "watch_errors": s.watch_errors,
         },
         "last": record_to_dict(s.last, secrets) if s.last else None,
         "last_measured": record_to_dict(s.last_measured, secrets) if s.last_measured else None,

@@ -60,12 +60,14 @@ def _families() -> dict[str, Metric]:
         "duration": g(P + "last_probe_duration_seconds", "wall time of the last probe", labels=T),
         "in_progress": g(P + "probe_in_progress", "1 while a probe runs", labels=T),
         "interval": g(P + "probe_interval_seconds", "the configured probe interval (staleness alerts scale with it)", labels=T),
-        "up": g(P + "target_up", "1 when the last contact with the server (preflight or probe) succeeded", labels=T),
+        "up": g(P + "target_up", "1 when the last contact with the server (restart watch, preflight or probe) succeeded", labels=T),
         "probes": c(P + "probes_total", "probes by verdict", labels=T + ["verdict"]),
         "errors": c(P + "probe_errors_total", "probes that ended in error, by reason", labels=T + ["reason"]),
         "latency_hist": HistogramMetricFamily(P + "phase_latency_seconds", "R's latency per phase over all probes", labels=T + ["phase"]),
         "tokens": c(P + "tokens_sent_total", "prompt tokens the canary sent", labels=T + ["kind"]),
         "passive": c(P + "passive_pressure_tokens_total", "device-pool turnover credited to the server's own traffic instead of filler", labels=T),
+        "watch_errors": c(P + "watch_errors_total", "restart-watch polls of the server's /metrics that failed", labels=T),
+        "restarts": c(P + "restarts_detected_total", "server restarts the watch noticed between probes", labels=T),
         "budget": g(P + "budget_remaining_tokens", "what is left of the target's hourly token budget", labels=T),
         "server_info": g(
             P + "server_info",
@@ -174,6 +176,8 @@ class CanaryCollector(Collector):
         fams["tokens"].add_metric([name, "canary"], float(s.tokens_canary))
         fams["tokens"].add_metric([name, "pressure"], float(s.tokens_pressure))
         fams["passive"].add_metric([name], float(s.passive_tokens))
+        fams["watch_errors"].add_metric([name], float(s.watch_errors))
+        fams["restarts"].add_metric([name], float(s.restarts_detected))
         fams["budget"].add_metric([name], float(s.budget_remaining))
         if s.server is not None:
             f = s.server

@@ -77,6 +77,10 @@ class TargetFields(_Strict):
     interval: Duration | None = None
     # Early re-probe after a first `silent` verdict (0: off); capped at `interval`.
     confirm_after: Annotated[float, BeforeValidator(lambda v: parse_duration(v, allow_zero=True))] | None = None
+    # GET /metrics this often between probes to notice a restart (0: off); see watch.py.
+    watch_interval: Annotated[float, BeforeValidator(lambda v: parse_duration(v, allow_zero=True))] | None = None
+    # After a restart, probe this much later (warm-up), never later than the next scheduled probe.
+    restart_probe_delay: Annotated[float, BeforeValidator(lambda v: parse_duration(v, allow_zero=True))] | None = None
     context_tokens: PositiveInt | None = None
     max_pressure_tokens: PositiveInt | None = None
     pressure_chunk_tokens: PositiveInt | None = None
@@ -143,6 +147,8 @@ class ConfigFile(_Strict):
 BUILTIN: dict[str, Any] = {
     "interval": 900.0,
     "confirm_after": 60.0,
+    "watch_interval": 30.0,
+    "restart_probe_delay": 60.0,
     "context_tokens": 16384,
     "token_budget_per_hour": 2_000_000,
     "busy_queue_threshold": 2,
@@ -162,6 +168,8 @@ class Target:
     probe: ProbeSettings
     source: str = "config"  # config | env | docker
     confirm_after_s: float = 60.0  # re-probe this soon after a first `silent` (0: wait the interval)
+    watch_interval_s: float = 30.0  # restart watch between probes (0: off)
+    restart_probe_delay_s: float = 60.0  # probe this long after a detected restart (capped at the interval)
 
     def summary(self) -> dict[str, Any]:
         """What /api/targets and the status page may show: never the key itself."""
@@ -173,6 +181,8 @@ class Target:
             "api_key": "set" if self.api_key else "none",
             "interval_seconds": self.interval_s,
             "confirm_after_seconds": self.confirm_after_s,
+            "watch_interval_seconds": self.watch_interval_s,
+            "restart_probe_delay_seconds": self.restart_probe_delay_s,
             "token_budget_per_hour": self.token_budget_per_hour,
             "context_tokens": p.context_tokens,
             "api": p.api,
@@ -297,6 +307,8 @@ def _resolve_target(
         api_key=key,
         interval_s=float(merged["interval"]),
         confirm_after_s=float(merged["confirm_after"]),
+        watch_interval_s=float(merged["watch_interval"]),
+        restart_probe_delay_s=float(merged["restart_probe_delay"]),
         token_budget_per_hour=int(merged["token_budget_per_hour"]),
         probe=probe,
         source=source,

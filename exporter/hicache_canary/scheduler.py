@@ -1,10 +1,15 @@
 """Per-target probe loops: one asyncio task per target, one probe in flight per target.
 
 Decisions (when to probe next, whether a new `silent` needs an early confirming probe, whether the
-token budget allows a probe) are pure functions at the top of this file. The loop runs the probe function it is given (canary.run_probe in production, a
-fake in unit tests), folds each record into cumulative stats, and publishes an immutable
-`TargetSnapshot` per target, swapped under a lock, which is all the collector ever reads: a scrape
-never waits for a probe.
+token budget allows a probe) are pure functions at the top of this file. The loop runs the probe
+function it is given (canary.run_probe in production, a fake in unit tests), folds each record into
+cumulative stats, and publishes an immutable `TargetSnapshot` per target, swapped under a lock,
+which is all the collector ever reads: a scrape never waits for a probe.
+
+Between probes a second, cheap task per target watches for restarts (watch.py: GET /metrics every
+`watch_interval`, never /generate). A restart moves the next probe up to `restart_probe_delay` from
+now; the probe itself still goes through the one loop, so one-in-flight, the busy gate and the
+token budget hold for it as for any other. The watch also keeps `up` fresh between probes.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ from typing import Any
 from .config import Target
 from .history import ResultHistory, record_to_dict, scrub
 from .models import CounterSnapshot, ErrorReason, Phase, ProbeRecord, ServerFacts, Verdict
+from .watch import WatchReading, WatchState, delay_after_restart, observe, read_metrics, watch_period
 
 log = logging.getLogger("hicache_canary.scheduler")
 
 ProbeFn = Callable[..., Awaitable[ProbeRecord]]  # (client, ProbeSettings, *, progress=...) -> record
 ClientFactory = Callable[[Target], Any]  # -> an object with `async aclose()`
 EstimateFn = Callable[[Any, Target], Awaitable[int]]  # tokens the next probe will send; may raise
+WatchFn = Callable[[Any], Awaitable[str]]  # client -> SGLang's /metrics text; raises like SGLangClient
 
 # Listed, not derived from Phase: steps such as Phase.PRIME time R too but are never a latency label.
 LATENCY_PHASES = (Phase.COLD, Phase.REHOST, Phase.AGAIN)
@@ -86,7 +93,19 @@ def next_delay(
 
 
 def jittered(delay: float, rng: random.Random, spread: float = 0.1) -> float:
-    return delay * rng.uniform(1 - spread, 1 + spread)
+    """Spread probes of many targets apart by shortening waits only, so the worst case is `delay`.
+
+    Detection is promised within one interval (+ for:); a jitter that could lengthen a wait
+    would make that 1.1 intervals.
+    """
+    return delay * rng.uniform(1 - spread, 1.0)
+
+
+def after_probe_delay(delay: float, rec: ProbeRecord | None, restart_delay: float) -> float:
+    """A probe that a restart cut short is retried once the server warmed up, not after backoff."""
+    if rec is not None and rec.verdict == Verdict.ERROR and rec.reason == ErrorReason.SERVER_RESTARTED:
+        return min(delay, restart_delay)
+    return delay
 
 
 class TokenWindow:
@@ -169,6 +188,8 @@ class TargetSnapshot:
     up: bool | None = None
     budget_remaining: int = 0
     next_probe_at: float | None = None  # wall clock
+    watch_errors: int = 0  # restart-watch polls that failed
+    restarts_detected: int = 0  # restarts the watch noticed between probes
     consecutive_errors: int = 0
     probes_total: Mapping[Verdict, int] = field(default_factory=lambda: MappingProxyType({}))
     errors_total: Mapping[ErrorReason, int] = field(default_factory=lambda: MappingProxyType({}))
@@ -186,9 +207,13 @@ class _Runner:
         self.snap = TargetSnapshot(target=target, budget_remaining=target.token_budget_per_hour)
         self.history = ResultHistory(history_limit)
         self.window = TokenWindow()
-        self.wake = asyncio.Event()
+        self.wake = asyncio.Event()  # a probe was requested (POST /api/probe)
+        self.nudge = asyncio.Event()  # wake the loop to re-read `due` (a request, or a restart moved it)
+        self.due = 0.0  # event-loop time of the next scheduled probe
         self.busy = False  # a probe requested or running: POST /api/probe answers 409
         self.task: asyncio.Task[None] | None = None
+        self.watch_task: asyncio.Task[None] | None = None
+        self.watch = WatchState()
 
 
 class Scheduler:
@@ -199,6 +224,7 @@ class Scheduler:
         client_factory: ClientFactory,
         *,
         estimate_fn: EstimateFn | None = None,
+        watch_fn: WatchFn | None = None,
         max_concurrent: int = 4,
         history_limit: int = 100,
         secrets: list[str] | None = None,
@@ -211,6 +237,7 @@ class Scheduler:
         self._probe_fn = probe_fn
         self._client_factory = client_factory
         self._estimate_fn = estimate_fn
+        self._watch_fn = watch_fn or _metrics_text
         self._sem = asyncio.Semaphore(max_concurrent)
         self._history_limit = history_limit
         self._secrets = list(secrets or [])
@@ -242,7 +269,7 @@ class Scheduler:
         """Exporter health: every target loop alive. Target trouble is a metric, not health."""
         if not self._started:
             return False, ["scheduler not started"]
-        dead = [n for n, r in self._runners.items() if r.task is None or r.task.done()]
+        dead = [n for n, r in self._runners.items() if r.task is None or r.task.done() or (r.watch_task is not None and r.watch_task.done())]
         return (not dead), [f"probe loop for {n} is not running" for n in dead]
 
     # ---- control (event loop)
@@ -258,12 +285,16 @@ class Scheduler:
             self._spawn(r, self._initial_delay(i, n, r.target.interval_s))
 
     def _spawn(self, r: _Runner, delay: float) -> None:
-        r.task = asyncio.get_running_loop().create_task(self._loop(r, delay), name=f"probe-loop:{r.target.name}")
+        loop = asyncio.get_running_loop()
+        r.task = loop.create_task(self._loop(r, delay), name=f"probe-loop:{r.target.name}")
+        period = watch_period(r.target.watch_interval_s, r.target.interval_s)
+        if period is not None:
+            r.watch_task = loop.create_task(self._watch_loop(r, period), name=f"restart-watch:{r.target.name}")
 
     async def stop(self) -> None:
         """Cancel every loop; an in-flight probe closes its connections so the server aborts."""
         self._stopping = True
-        tasks = [r.task for r in self._runners.values() if r.task]
+        tasks = [t for r in self._runners.values() for t in (r.task, r.watch_task) if t]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -281,6 +312,7 @@ class Scheduler:
             return Trigger.IN_FLIGHT
         r.busy = True
         r.wake.set()
+        r.nudge.set()
         return Trigger.STARTED
 
     def add_target(self, target: Target) -> None:
@@ -298,9 +330,10 @@ class Scheduler:
         r = self._runners.pop(name, None)
         if r is None:
             return
-        if r.task:
-            r.task.cancel()
-            await asyncio.gather(r.task, return_exceptions=True)
+        tasks = [t for t in (r.task, r.watch_task) if t]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         with self._lock:
             self._published = MappingProxyType({k: v for k, v in self._published.items() if k != name})
 
@@ -310,15 +343,10 @@ class Scheduler:
     # ---- the loop
 
     async def _loop(self, r: _Runner, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        r.due = loop.time() + delay
         while True:
-            self._publish(r, replace(r.snap, next_probe_at=self._wall() + delay))
-            try:
-                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that
-                # arrives as the event fires, and stop() would then wait for a whole interval.
-                async with asyncio.timeout(delay):
-                    await r.wake.wait()
-            except TimeoutError:
-                pass
+            await self._wait_due(r, loop)
             if self._stopping:
                 return
             r.wake.clear()
@@ -328,11 +356,90 @@ class Scheduler:
             finally:
                 r.busy = False
             s = r.snap
+            t = r.target
             verdict = s.last.verdict if s.last else None
-            confirm = r.target.confirm_after_s if needs_confirmation(verdict, s.streak) else None
-            delay = jittered(next_delay(verdict, r.target.interval_s, s.consecutive_errors, budget_wait, confirm), self._rng)
+            confirm = t.confirm_after_s if needs_confirmation(verdict, s.streak) else None
+            delay = jittered(next_delay(verdict, t.interval_s, s.consecutive_errors, budget_wait, confirm), self._rng)
+            delay = after_probe_delay(delay, s.last, delay_after_restart(t.restart_probe_delay_s, t.interval_s))
+            r.due = loop.time() + delay
             if confirm:
-                log.info("target %s: first silent verdict; confirming it in %.0f s", r.target.name, delay)
+                log.info("target %s: first silent verdict; confirming it in %.0f s", t.name, delay)
+
+    async def _wait_due(self, r: _Runner, loop: asyncio.AbstractEventLoop) -> None:
+        """Until `r.due` or a request; the watch may move `due` earlier meanwhile (and nudges)."""
+        while not r.wake.is_set():
+            remaining = r.due - loop.time()
+            if remaining <= 0:
+                return
+            self._publish(r, replace(r.snap, next_probe_at=self._wall() + remaining))
+            try:
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that
+                # arrives as the event fires, and stop() would then wait for a whole interval.
+                async with asyncio.timeout(remaining):
+                    await r.nudge.wait()
+            except TimeoutError:
+                pass
+            r.nudge.clear()
+
+    # ---- the restart watch
+
+    async def _watch_loop(self, r: _Runner, period: float) -> None:
+        while True:
+            await asyncio.sleep(period)
+            if r.busy:
+                continue  # a probe is reading /metrics itself and ends in error if the server restarts
+            try:
+                await self.watch_once(r.target.name)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the watch must outlive anything a server can send
+                log.error("target %s: restart watch failed: %s", r.target.name, type(exc).__name__)
+
+    async def watch_once(self, name: str) -> bool:
+        """One watch poll of target `name`; True when it found a restart (and moved the probe up)."""
+        r = self._runners[name]
+        body = self._watch_read(r.target)
+        reading, reachable, failed = await (self._worker.run(body) if self._worker else body)
+        restart = False
+        if reachable is not None:
+            r.watch, restart = observe(r.watch, reading, reachable)
+        s = r.snap
+        restart = restart and not r.busy  # a probe started meanwhile: it is already the answer
+        self._publish(
+            r,
+            replace(
+                s,
+                up=s.up if reachable is None else reachable,
+                watch_errors=s.watch_errors + (1 if failed else 0),
+                restarts_detected=s.restarts_detected + (1 if restart else 0),
+            ),
+        )
+        if restart:
+            t = r.target
+            delay = delay_after_restart(t.restart_probe_delay_s, t.interval_s)
+            loop = asyncio.get_running_loop()
+            if loop.time() + delay < r.due:
+                r.due = loop.time() + delay
+                r.nudge.set()
+            log.info("target %s: the server restarted; probing it in %.0f s", t.name, max(0.0, r.due - loop.time()))
+        return restart
+
+    async def _watch_read(self, t: Target) -> tuple[WatchReading | None, bool | None, bool]:
+        """(reading, reachable (None: cannot tell), failed); runs on the probe thread when offloading."""
+        client = self._client_factory(t)
+        try:
+            text = await self._watch_fn(client)
+            return read_metrics(text), True, False
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # SGLangError: its reason says whether the server answered at all
+            reason = getattr(exc, "reason", None)
+            log.debug("target %s: restart watch: %s", t.name, type(exc).__name__)
+            if not isinstance(reason, ErrorReason):
+                return None, None, True  # not an answer from the server: a bug of ours, not its state
+            return None, reason not in DOWN_REASONS, True
+        finally:
+            await _close(client)
 
     async def _cycle(self, r: _Runner) -> float | None:
         """One probe (or one skip). Returns the wait until the budget allows one, if it did not."""
@@ -547,6 +654,10 @@ def _latest_counters(rec: ProbeRecord) -> CounterSnapshot | None:
             if snap is not None:
                 return snap
     return None
+
+
+async def _metrics_text(client: Any) -> str:
+    return await client.metrics_text()
 
 
 async def _close(client: Any) -> None:

@@ -1,0 +1,117 @@
+"""The restart watch between probes: read SGLang's /metrics cheaply and tell whether it restarted.
+
+Silent configurations arrive with restarts (a deploy flips a flag), so a restarted server should be
+probed soon rather than at its next scheduled probe. Every `watch_interval` the scheduler GETs
+/metrics (no GPU work, never /generate) and folds the result into a `WatchState` with `observe()`.
+A restart is:
+
+- the server was unreachable and now answers again, or
+- a counter that only grows in a live process is lower than last seen (SGLang's tokenizer
+  counters `prompt_tokens_total`, `generation_tokens_total`, `num_requests_total`, summed over
+  their children), or a family that was there is gone (SGLang creates labelled children on the
+  first request, so a fresh process has none), or `process_start_time_seconds` changed.
+
+The read is a line scan for those few names, not a parse of the whole exposition (which costs
+50-150 ms of Python on a real server): a watch every 30 s must cost the exporter nothing.
+Everything here but `watch_period` and `delay_after_restart` is pure data in, data out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+# Counters of the tokenizer manager: one process-wide copy (no rank repeats), and every request
+# moves them, so after a restart they start from nothing.
+WATCHED = ("prompt_tokens_total", "generation_tokens_total", "num_requests_total")
+PREFIXES = ("sglang:", "sglang_")  # SGLang's own, and sgl-router's renaming
+START_TIME = "process_start_time_seconds"
+
+
+@dataclass(frozen=True)
+class WatchReading:
+    """The watched counters of one /metrics body: family -> sum over children (absent: missing)."""
+
+    counters: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    start_time: float | None = None
+
+
+@dataclass(frozen=True)
+class WatchState:
+    """What the watch knows about one server between polls."""
+
+    reading: WatchReading | None = None  # the last successful read (None: none yet)
+    down: bool = False  # the last poll could not reach the server
+    seen_down: bool = False  # unreachable at some point since the last successful read
+
+
+def read_metrics(text: str) -> WatchReading:
+    """Sum the watched counters' samples in an exposition body; malformed lines are ignored."""
+    sums: dict[str, float] = {}
+    start: float | None = None
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
+        if name_end <= 0:
+            continue
+        name = line[:name_end]
+        short = None
+        for prefix in PREFIXES:
+            if name.startswith(prefix):
+                short = name[len(prefix):]
+                break
+        if short not in WATCHED and name != START_TIME:
+            continue
+        rest = line.rsplit("}", 1)[-1] if line[name_end] == "{" else line[name_end:]
+        try:
+            value = float(rest.split()[0])
+        except (ValueError, IndexError):
+            continue
+        if name == START_TIME:
+            start = value if start is None else max(start, value)
+        else:
+            sums[short] = sums.get(short, 0.0) + value  # type: ignore[index]
+    return WatchReading(MappingProxyType(sums), start)
+
+
+def restarted(prev: WatchReading, now: WatchReading) -> bool:
+    """True when `now` cannot come from the same process as `prev`."""
+    if prev.start_time is not None and now.start_time is not None and now.start_time != prev.start_time:
+        return True
+    for name, before in prev.counters.items():
+        after = now.counters.get(name, 0.0)  # a family that vanished was reset to nothing
+        if after < before:
+            return True
+    return False
+
+
+def observe(state: WatchState, reading: WatchReading | None, reachable: bool) -> tuple[WatchState, bool]:
+    """Fold one poll into the state; returns (new state, restart detected).
+
+    `reachable` False: the server did not answer (connect failed, timed out, 5xx). `reading` None
+    with `reachable` True: it answered but /metrics is unusable (metrics disabled), so only the
+    unreachable -> back signal is left.
+    """
+    if not reachable:
+        return WatchState(reading=state.reading, down=True, seen_down=True), False
+    back = state.seen_down
+    dropped = state.reading is not None and reading is not None and restarted(state.reading, reading)
+    return WatchState(reading=reading if reading is not None else state.reading, down=False, seen_down=False), back or dropped
+
+
+def watch_period(watch_interval: float, probe_interval: float) -> float | None:
+    """Seconds between polls, or None when watching adds nothing.
+
+    Off when disabled (0) and when it would not poll more often than the probes themselves, which
+    read /metrics and notice restarts on their own.
+    """
+    if watch_interval <= 0 or watch_interval >= probe_interval:
+        return None
+    return watch_interval
+
+
+def delay_after_restart(restart_probe_delay: float, probe_interval: float) -> float:
+    """How long after a detected restart to probe: time to warm up, never beyond the interval."""
+    return max(0.0, min(restart_probe_delay, probe_interval))
