@@ -244,3 +244,43 @@ def test_background_traffic_gives_a_verdict_without_synthetic_pressure(tmp_path)
         if exp:
             exp.stop()
         sim.stop()
+
+
+def test_a_restarted_server_is_probed_after_restart_probe_delay_not_its_interval(tmp_path):
+    """A deploy restarts the server into the silent configuration: the watch notices within a
+    watch interval and the probe comes `restart_probe_delay` later, not an hour later; a server
+    that goes away shows as down within a watch interval, without a probe."""
+    sim, sim_url = start_simulator(*HYBRID, "--hicache-write-policy", "write_back", name="sim-restart")
+    exp = None
+    try:
+        exp, url = start_exporter(tmp_path, {"defaults": FAST, "targets": [{
+            "name": "r", "url": sim_url, "interval": "1h", "confirm_after": "0s",
+            "watch_interval": "0.2s", "restart_probe_delay": "1s",
+        }]})
+        total = lambda m: sum(val(m, "hicache_canary_probes_total", target="r", verdict=v) or 0 for v in ("reused", "silent", "error"))
+        wait_for(lambda: val(scrape(url), "hicache_canary_probes_total", target="r", verdict="reused") == 1, 60, "the first probe: reused")
+        m = scrape(url)
+        assert val(m, "hicache_canary_restarts_detected_total", target="r") == 0 and total(m) == 1
+        r = HTTP.post(sim_url + "/_sim/restart", json={"args": ["--hicache-write-policy", "write_through"]})
+        assert r.status_code == 200
+        restarted = time.monotonic()
+        wait_for(lambda: val(scrape(url), "hicache_canary_restarts_detected_total", target="r") == 1, 5, "the watch noticing the restart")
+        noticed = time.monotonic() - restarted
+        wait_for(lambda: val(scrape(url), "hicache_canary_probes_total", target="r", verdict="silent") == 1, 60, "the restart's probe")
+        probed = time.monotonic() - restarted
+        m = scrape(url)
+        assert total(m) == 2  # exactly one probe for the restart, and it saw the new configuration
+        duration = val(m, "hicache_canary_last_probe_duration_seconds", target="r")
+        assert noticed < 2.0, f"noticed {noticed:.1f} s after the restart (watch every 0.2 s)"
+        # restart_probe_delay (1 s) + the probe itself + scrape polling; the interval is an hour
+        assert 1.0 < probed < 1.0 + noticed + duration + 3.0, f"probed {probed:.1f} s after the restart (probe took {duration:.1f} s)"
+        sim.stop()
+        gone = time.monotonic()
+        wait_for(lambda: val(scrape(url), "hicache_canary_target_up", target="r") == 0, 5, "down seen by the watch")
+        assert time.monotonic() - gone < 2.0
+        m = scrape(url)
+        assert total(m) == 2 and val(m, "hicache_canary_watch_errors_total", target="r") >= 1  # no probe needed to see it
+    finally:
+        if exp is not None:
+            exp.stop()
+        sim.stop()

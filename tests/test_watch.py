@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 import pytest
 
-from hicache_canary.watch import WatchReading, WatchState, delay_after_restart, observe, read_metrics, restarted, watch_period
+from hicache_canary.watch import WatchReading, WatchState, after_probe, delay_after_restart, observe, read_metrics, restarted, watch_period
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"  # beside the clone, as in CI
 
@@ -102,3 +102,19 @@ def test_restart_delay_is_capped_at_the_interval():
     assert delay_after_restart(60, 900) == 60
     assert delay_after_restart(60, 20) == 20
     assert delay_after_restart(0, 900) == 0
+
+
+def test_a_probe_seeds_the_baseline_so_a_restart_right_after_it_is_caught():
+    s = after_probe(WatchState(), 57344.0, None, True)  # the watch never read: it pauses during probes
+    s, hit = observe(s, reading(), True)  # the first read is from a fresh process
+    assert hit
+
+
+def test_a_probe_raises_but_never_lowers_the_baseline_and_clears_a_down():
+    s, _ = observe(WatchState(), reading(prompt_tokens_total=100, num_requests_total=3), True)
+    s, _ = observe(s, None, False)
+    s = after_probe(s, 50.0, None, True)
+    assert s.reading.counters == {"prompt_tokens_total": 100, "num_requests_total": 3} and not s.seen_down
+    s, hit = observe(s, reading(prompt_tokens_total=120, num_requests_total=4), True)
+    assert not hit  # the probe reached the server: coming "back" from that down is not a restart
+    assert after_probe(s, None, None, False) == s

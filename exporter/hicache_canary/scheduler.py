@@ -29,7 +29,7 @@ from typing import Any
 from .config import Target
 from .history import ResultHistory, record_to_dict, scrub
 from .models import CounterSnapshot, ErrorReason, Phase, ProbeRecord, ServerFacts, Verdict
-from .watch import WatchReading, WatchState, delay_after_restart, observe, read_metrics, watch_period
+from .watch import WatchReading, WatchState, after_probe, delay_after_restart, observe, read_metrics, watch_period
 
 log = logging.getLogger("hicache_canary.scheduler")
 
@@ -585,6 +585,8 @@ class Scheduler:
             latency=MappingProxyType(latency),
         )
         r.history.add(record_to_dict(rec, self._secrets))
+        if counters is not None:  # a probe that read the server's counters reached it
+            r.watch = after_probe(r.watch, counters.prompt_tokens, counters.process_start_time, True)
         self._publish(r, new)
         detail = rec.cause.value if verdict == Verdict.SILENT else (rec.reason.value if rec.reason else "")
         log.info(

@@ -101,6 +101,23 @@ def observe(state: WatchState, reading: WatchReading | None, reachable: bool) ->
     return WatchState(reading=reading if reading is not None else state.reading, down=False, seen_down=False), back or dropped
 
 
+def after_probe(state: WatchState, prompt_tokens: float | None, start_time: float | None, reached: bool) -> WatchState:
+    """Fold what a probe saw into the baseline, so a restart right after a probe is still caught.
+
+    The watch pauses while a probe runs; without this, a server restarted just after a probe would
+    give the watch its first reading from the new process, and nothing to compare it with.
+    `prompt_tokens` is the probe's last CounterSnapshot.prompt_tokens (the same sum over children).
+    """
+    if not reached:
+        return state
+    counters = dict(state.reading.counters) if state.reading else {}
+    if prompt_tokens is not None:
+        counters["prompt_tokens_total"] = max(prompt_tokens, counters.get("prompt_tokens_total", 0.0))
+    start = start_time if start_time is not None else (state.reading.start_time if state.reading else None)
+    reading = WatchReading(MappingProxyType(counters), start) if counters or start is not None else state.reading
+    return WatchState(reading=reading, down=False, seen_down=False)
+
+
 def watch_period(watch_interval: float, probe_interval: float) -> float | None:
     """Seconds between polls, or None when watching adds nothing.
 
