@@ -289,21 +289,25 @@ def hicache_canary() -> dict[str, Any]:
           "this project exists for). not_evicted/inconclusive: the probe could not tell. skipped_*: no "
           "probe ran (server busy, token budget spent).",
           [Q(coded("hicache_canary_verdict", "verdict", VERDICTS, 1), instant=True)],
-          kind="stat", unit="none", w=8, h=5, mappings=code_mappings(VERDICTS, 1), color_mode="fixed"),
+          kind="stat", unit="none", w=6, h=5, mappings=code_mappings(VERDICTS, 1), color_mode="fixed"),
+        P("Last conclusive verdict",
+          "The last verdict about HiCache itself (reused, silent, device_cache_broken, hicache_disabled). "
+          "error, not_evicted, inconclusive and skips never change it, so a probe cut short by a restart "
+          "neither clears a silent page nor starts a new one: this is what HiCacheSilent looks at.",
+          [Q(coded("hicache_canary_last_conclusive_verdict", "verdict", VERDICTS, 1), instant=True)],
+          kind="stat", unit="none", w=6, h=5, mappings=code_mappings(VERDICTS, 1), color_mode="fixed"),
         P("Suspected cause",
-          "Why the last silent verdict happened, read from SGLang's counter deltas during the probe "
-          "(see docs/runbooks/HiCacheSilent.md). 'none' when the verdict is not silent.",
+          "Why the last conclusive verdict was silent, read from SGLang's counter deltas during that probe "
+          "(see docs/runbooks/HiCacheSilent.md); an error probe after it keeps the cause. 'none' when "
+          "the last conclusive verdict is not silent.",
           [Q(coded("hicache_canary_suspected_cause", "cause", CAUSES, 0), instant=True)],
-          kind="stat", unit="none", w=8, h=5, mappings=code_mappings(CAUSES, 0), color_mode="fixed"),
-        P("Consecutive probes with this verdict",
-          "How many probes in a row ended in the current verdict (skips do not break a streak). "
-          "HiCacheSilent pages on a streak, so one odd probe does not wake anyone.",
-          [Q(f"hicache_canary_verdict_streak{{{T}}}", instant=True)],
-          kind="stat", unit="none", w=4, h=5, color_mode="thresholds"),
+          kind="stat", unit="none", w=6, h=5, mappings=code_mappings(CAUSES, 0), color_mode="fixed"),
         P("SGLang reachable",
-          "1 when the exporter's last contact with the server (preflight or probe) succeeded.",
+          "1 when the exporter's last contact with the server (restart watch, preflight or probe) "
+          "succeeded. The watch reads /metrics every watch_interval (30s) between probes, so a server "
+          "that goes away shows here within that, not a probe interval later.",
           [Q(f"hicache_canary_target_up{{{T}}}", instant=True)],
-          kind="stat", unit="none", w=4, h=5, color_mode="thresholds", thresholds=[(None, "red"), (1, "green")],
+          kind="stat", unit="none", w=6, h=5, color_mode="thresholds", thresholds=[(None, "red"), (1, "green")],
           mappings=[{"type": "value", "options": {"0": {"text": "down", "color": "red", "index": 0},
                                                   "1": {"text": "up", "color": "green", "index": 1}}}]),
         P("Verdict over time",
@@ -311,6 +315,12 @@ def hicache_canary() -> dict[str, Any]:
           "Since when is the left edge of the current colour.",
           [Q(coded("hicache_canary_verdict", "verdict", VERDICTS, 1))],
           kind="state-timeline", unit="none", w=16, h=7, mappings=code_mappings(VERDICTS, 1), color_mode="fixed"),
+        P("Conclusive verdicts in a row",
+          "Consecutive conclusive verdicts equal to the last conclusive verdict "
+          "(hicache_canary_verdict_streak). error, not_evicted, inconclusive and skips neither extend "
+          "nor break it. HiCacheSilent pages at 2 silent ones, so one odd probe does not wake anyone.",
+          [Q(f"hicache_canary_verdict_streak{{{T}}}", instant=True)],
+          kind="stat", unit="none", w=8, h=7, color_mode="thresholds"),
         P("Time since last probe",
           "Seconds since the last probe finished (any verdict) and since the last conclusive one "
           "(reused, silent, device_cache_broken, hicache_disabled). Growing without bound: the canary "
@@ -323,7 +333,22 @@ def hicache_canary() -> dict[str, Any]:
           "The bounded reason of the last probe that ended in error (connect_failed, timeout, http_5xx, "
           "unauthorized, target_is_router, ...). Empty while no probe has failed.",
           [Q(f"hicache_canary_last_error_reason{{{T}}} == 1", "{{target}}: {{reason}}", instant=True)],
-          kind="stat", unit="none", w=24, h=4, color_mode="fixed"),
+          kind="stat", unit="none", w=8, h=5, color_mode="fixed"),
+        P("Errors in a row and probes since conclusive",
+          "Probes in a row that ended in error (hicache_canary_consecutive_errors; HiCacheCanaryFailing "
+          "at 3) and probes since the last conclusive verdict (hicache_canary_probes_since_conclusive; "
+          "HiCacheCanaryInconclusive at 3). While these grow, the verdicts above are getting old.",
+          [Q(f"hicache_canary_consecutive_errors{{{T}}}", "{{target}} errors in a row", instant=True),
+           Q(f"hicache_canary_probes_since_conclusive{{{T}}}", "{{target}} since conclusive", instant=True)],
+          kind="stat", unit="none", w=8, h=5, color_mode="thresholds",
+          thresholds=[(None, "green"), (1, "yellow"), (3, "red")]),
+        P("Restarts detected",
+          "Server restarts the exporter's watch noticed between probes (back after being unreachable, or "
+          "SGLang's counters went down), and failed watch polls. Silent configurations arrive with "
+          "restarts: each one brings a probe restart_probe_delay (60s) later.",
+          [Q(f"sum by (target) (increase(hicache_canary_restarts_detected_total{{{T}}}{RI}))", "{{target}} restarts"),
+           Q(f"sum by (target) (increase(hicache_canary_watch_errors_total{{{T}}}{RI}))", "{{target}} watch errors")],
+          unit="short", w=8, h=5, bars=True, axis_label="events"),
 
         Row("Canary latency: rehost against cold"),
         P("R latency by phase",
