@@ -178,7 +178,8 @@ async def test_server_process_dies_mid_probe_then_is_restarted() -> None:
     try:
         rec = await probe(url)
         assert (rec.verdict, rec.reason) == (Verdict.ERROR, ErrorReason.CONNECT_FAILED), rec.evidence
-        assert rec.evidence.startswith("pressure: "), rec.evidence
+        # The process exits ~50 ms after its second reply; whichever later phase meets the closed port says so.
+        assert rec.evidence.split(":")[0] in ("pressure", "rehost", "again"), rec.evidence
         assert_bounded(rec)
         assert proc.popen.wait(10) is not None  # it really died
     finally:
