@@ -95,9 +95,10 @@ async def test_idle_server_credits_no_passive_pressure(sim) -> None:
     """Nothing else runs: every token of turnover is the probe's own, none is the server's traffic."""
     url = sim(*HYBRID, "--hicache-write-policy", "write_back")
     for seed in range(2):  # the second probe runs on a full pool, where filler evicts whole older leaves
-        rec, _ = await probe(url)
+        rec, _ = await probe(url, passive_wait_s=600.0)  # no traffic: never waits for it
         assert rec.verdict == Verdict.REUSED, rec.evidence
         assert rec.pressure.passive_tokens == 0, rec.pressure
+        assert rec.finished_at - rec.started_at < 60, "an idle server's probe waited for traffic"
 
 
 # The field report's geometry on a healthy build: R = 11.5% of the device pool, chunked_prefill_size

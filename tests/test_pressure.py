@@ -126,13 +126,14 @@ def test_server_rate_takes_our_own_requests_out() -> None:
     [
         pytest.param(100_000, 0.0, 300, 100_000, id="idle-server-all-filler-now"),
         pytest.param(100_000, 1000.0, 300, 0, id="traffic-covers-it-in-the-window-no-filler"),
-        pytest.param(400_000, 1000.0, 300, 100_000, id="filler-only-for-what-traffic-will-not-cover"),
+        pytest.param(400_000, 1000.0, 300, 0, id="traffic-seen-first-half-of-the-window-only-measures"),
+        pytest.param(400_000, 1000.0, 150, 250_000, id="filler-only-for-what-traffic-will-not-cover"),
         pytest.param(100_000, 1000.0, 0, 100_000, id="window-over-filler-for-the-rest"),
         pytest.param(-5, 1000.0, 300, 0, id="nothing-left"),
     ],
 )
 def test_filler_now(remaining, rate, time_left, expected) -> None:
-    assert filler_now(remaining, rate, time_left) == expected
+    assert filler_now(remaining, rate, time_left, 300) == expected
 
 
 def test_context_is_clamped_to_the_server() -> None:

@@ -36,7 +36,7 @@ from .models import (
 )
 from .pressure import (
     MIN_CONTEXT_TOKENS,
-    cached_len,
+    RADIX_GRAIN_TOKENS,
     clamp_context,
     eviction_confirmed,
     filler_now,
@@ -272,7 +272,10 @@ class _Probe:
         self.planned = r_sends(self.facts) * r_tokens + min(plan.need_tokens, plan.cap_tokens)
         self.emit(Phase.PRESSURE, f"LRU needs {plan.need_tokens} tokens of turnover")
         page = self.facts.page_size or 1
-        r_footprint = cached_len(r_tokens, page)  # R's own allocation, taken out of the server's rate
+        # R's own allocation, taken out of the server's rate: its prompt tokens (what the uncached-prompt
+        # fallback counts) plus a radix grain per request of ours for the generated token and alignment,
+        # so an idle server never shows a trickle of "traffic" and waits for nothing.
+        r_footprint = r_tokens + RADIX_GRAIN_TOKENS * r_sends(self.facts)
         deadline = time.monotonic() + self.s.passive_wait_s
         now = planted
         while not (planted is not None and eviction_confirmed(planted, now, plan)):
@@ -284,8 +287,9 @@ class _Probe:
             want = remaining if remaining > 0 else plan.chunk_tokens / 4
             if moved is not None:
                 t = time.monotonic()
-                rate = server_rate(turnover(self.first, now), r_footprint + pr.synthetic_tokens, t - self.t_first)
-                want = filler_now(want, rate, deadline - t)
+                own = r_footprint + pr.synthetic_tokens + RADIX_GRAIN_TOKENS * pr.chunks
+                rate = server_rate(turnover(self.first, now), own, t - self.t_first)
+                want = filler_now(want, rate, deadline - t, self.s.passive_wait_s)
                 if want <= 0:  # the server's own traffic will do it within the passive window
                     self.emit(Phase.PRESSURE, f"server traffic: {moved:.0f}/{plan.need_tokens} tokens at {rate:.0f}/s")
                     await asyncio.sleep(self.s.poll_interval_s)

@@ -27,8 +27,9 @@ pressure.
 
 Passive first: the server's own turnover rate is measured from the probe's first snapshot on (R's cold
 prefill included, R's own tokens taken out). Filler is sent only for the part that traffic will not
-cover before `passive_wait_s` after R was planted runs out (`filler_now`); on an idle server that is
-all of it, at once, and after the window whatever is left.
+cover before `passive_wait_s` after R was planted runs out (`filler_now`, decided in the window's
+second half, once the rate is read over more than a few requests); on an idle server that is all of
+it, at once, and after the window whatever is left.
 
 Filler requests are few and large: every filler request is a context the radix tree inserts (and, on
 a hybrid model under write_through, a host Mamba state: 43 chunk-sized requests on the report's pool
@@ -170,10 +171,17 @@ def eviction_confirmed(planted: CounterSnapshot | None, now: CounterSnapshot | N
     return evicted is not None and evicted >= plan.evict_target
 
 
-def filler_now(remaining_tokens: float, server_rate_tokens_per_s: float, time_left_s: float) -> int:
+def filler_now(remaining_tokens: float, server_rate_tokens_per_s: float, time_left_s: float, window_s: float = 0.0) -> int:
     """Filler to send now: the part of the remaining turnover the server's own traffic, at its measured
-    rate, will not cover in the time left of the passive window (all of it when idle or out of time)."""
+    rate, will not cover in the time left of the passive window (all of it when idle or out of time).
+
+    While traffic is seen, nothing in the window's first half: the rate read over R's cold prefill is a
+    few requests' worth, and filler sent on it cannot be taken back (it cost 0.12x the manual method
+    where the traffic alone would have done).
+    """
     if remaining_tokens <= 0:
+        return 0
+    if server_rate_tokens_per_s > 0 and time_left_s > window_s / 2:
         return 0
     covered = max(0.0, server_rate_tokens_per_s) * max(0.0, time_left_s)
     return int(math.ceil(max(0.0, remaining_tokens - covered)))
