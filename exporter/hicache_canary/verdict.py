@@ -21,13 +21,16 @@ No IO, no clock. The rules (also in docs/verdicts.md), in the order they are tri
    hit was slower than the cold prefill it replaced.
    Without tier evidence, unconfirmed eviction -> `not_evicted`, never `silent`.
 
-Guard against the probe's own filler (hybrid models): every filler request is a context, and under
-write_through each backs up its own host Mamba state. When the probe inserted after R at least as many
-contexts as the host Mamba pool holds (`hicache_host_mamba_total_states`) and that many states were
-backed up, a host miss is not evidence against the server -> `inconclusive`, naming what to change
+Guard against the probe's own filler (hybrid models), tried when no specific cause (chunked R, Mamba
+state never backed up) explains the miss: every filler request is a context, and under write_through
+each backs up its own host Mamba state (under write_back, each context it evicts does). When as many
+states as the host Mamba pool holds (`hicache_host_mamba_total_states`) were backed up after R (or,
+without that counter, the probe sent that many filler requests), a host miss is not evidence against
+the server -> `inconclusive`, naming what to change
 (a larger `context_tokens` / `pressure_chunk_tokens`: fewer, larger contexts) - unless the host KV pool
-holds at least twice as many contexts of R's length as the Mamba pool has states: then any workload of
-such contexts loses states long before KV, a real `host_pool_pressure` read from the gauges alone.
+holds at least twice as many contexts of R's length as the Mamba pool has states, and the device pool
+at least as many: then any workload of such contexts loses states long before KV, a real
+`host_pool_pressure` read from the gauges alone.
 
 Suspected cause of `silent` (counter deltas over the probe; first match wins, specific evidence first):
 - `chunked_prefill_not_backed_up`: write_through(_selective), R longer than `chunked_prefill_size`,
@@ -62,6 +65,8 @@ DEVICE_SHARE_AGAIN_OK = 0.5  # again device share below this: the device cache i
 LATENCY_SILENT_RATIO = 0.7
 LATENCY_REUSED_RATIO = 0.3
 AGAIN_VISIBLE_RATIO = 0.3  # again/cold below this proves prefill cost shows in latency
+# R's KV never reached host, or its state never did: the miss is explained whatever filled the Mamba pool.
+SPECIFIC_CAUSES = (Cause.CHUNKED_PREFILL_NOT_BACKED_UP, Cause.MAMBA_STATE_NOT_BACKED_UP)
 MAMBA_POOL_OUTGROWN = 2  # host KV contexts of R's length per host Mamba state that make the pool the bottleneck
 MAMBA_BACKUP_SHARE = 0.25
 KV_BACKUP_SHARE = 0.5
@@ -275,19 +280,25 @@ def own_mamba_pressure(record: ProbeRecord) -> Decision | None:
     facts = record.server or ServerFacts()
     states = _any_snapshot_value(record, "host_mamba_total_states")
     contexts = record.pressure.chunks or 0
-    if not facts.hybrid_model or not states or contexts < states:
+    if not facts.hybrid_model or not states:
         return None
     pressure, rehost = record.step(Phase.PRESSURE), record.step(Phase.REHOST)
     planted = pressure.before if pressure else None
     end = (rehost.before if rehost else None) or (pressure.after if pressure else None)
+    # States backed up after R, whoever's: under write_back the filler's evictions of the server's own
+    # small contexts back up one state each, too. Without the counter, our filler requests.
     backed = _labelled_delta(planted, end, "backup_tokens", "mamba", known_counters(record))
-    if backed is not None and backed < states:
-        return None  # fewer states reached host than it holds: the filler cannot have pushed R's out
+    if (backed if backed is not None else contexts) < states:
+        return None  # fewer states reached host than it holds: none of R's can have been pushed out
     cold = record.step(Phase.COLD)
     length = (cold.prompt_tokens if cold and cold.prompt_tokens else record.context_tokens) or 1
     host_total = _any_snapshot_value(record, "host_total_tokens")
     held = host_total / length if host_total else 0.0
-    if held >= MAMBA_POOL_OUTGROWN * states:
+    device = _any_snapshot_value(record, "max_total_num_tokens") or facts.max_total_num_tokens
+    # ... and R-sized traffic that pushes R off the device backs up at least `states` states on the way
+    # (write_through backs each context up at insert), so the loss is the server's, not the probe's.
+    device_held = device / length if device else float("inf")
+    if held >= MAMBA_POOL_OUTGROWN * states and device_held >= states:
         return Decision(
             Verdict.SILENT,
             cause=Cause.HOST_POOL_PRESSURE,
@@ -300,8 +311,9 @@ def own_mamba_pressure(record: ProbeRecord) -> Decision | None:
     return Decision(
         Verdict.INCONCLUSIVE,
         evidence=(
-            f"the probe itself inserted {contexts} contexts after R, as many as the host Mamba pool holds ({states:.0f} "
-            f"states), so its own filler may have pushed R's state out of host; raise context_tokens or "
+            f"{backed if backed is not None else contexts:.0f} Mamba states were backed up after R (the probe sent "
+            f"{contexts} filler requests, the rest is the server's traffic), as many as the host Mamba pool holds "
+            f"({states:.0f}), so the probe's pressure may have pushed R's state out of host; raise context_tokens or "
             f"pressure_chunk_tokens so fewer, larger requests evict R"
         ),
     )
@@ -374,10 +386,10 @@ def _from_shares(record, settings, r, dev, host, again_dev, source, lat, base, d
             evidence=f"eviction of R was not confirmed by evicted_tokens_total and {source} shows {host:.0f} host tokens; no verdict on HiCache",
             **base,
         )
-    guard = own_mamba_pressure(record)
+    cause, why = suspect_cause(record)
+    guard = None if cause in SPECIFIC_CAUSES else own_mamba_pressure(record)
     if guard is not None:
         return Decision(guard.verdict, cause=guard.cause, evidence=f"rehost took {host:.0f} of {r} tokens from host ({source}); {guard.evidence}", **base)
-    cause, why = suspect_cause(record)
     return Decision(
         Verdict.SILENT,
         cause=cause,
@@ -401,10 +413,10 @@ def _from_latency(record, settings, cold, rehost, again, ratio, lat, base) -> De
             **base,
         )
     if ratio > LATENCY_SILENT_RATIO:
-        guard = own_mamba_pressure(record)
+        cause, why = suspect_cause(record)
+        guard = None if cause in SPECIFIC_CAUSES else own_mamba_pressure(record)
         if guard is not None:
             return Decision(guard.verdict, cause=guard.cause, evidence=f"latency only: {lat}; {guard.evidence}", **base)
-        cause, why = suspect_cause(record)
         return Decision(Verdict.SILENT, cause=cause, evidence=f"latency only: {lat} (ratio {ratio:.2f} > {LATENCY_SILENT_RATIO}); {why}", **base)
     if ratio < LATENCY_REUSED_RATIO:
         return Decision(Verdict.REUSED, evidence=f"latency only: {lat} (ratio {ratio:.2f} < {LATENCY_REUSED_RATIO})", **base)
