@@ -44,7 +44,7 @@ KINDS = ("general", "general", "general", "general", "general", "general", "capp
 REPORT_FILLERS = 43
 REPORT_R_SHARE = 40_960 / 354_788
 QUICK_KINDS = ("healthy_write_back", "silent_mamba", "silent_chunked", "healthy_write_through", "capped", "disabled",
-               "general", "general")
+               "report_shape", "general")
 BACKGROUND_SHARE = 0.3
 WARM_SHARE = 0.5
 SILENT_OK = frozenset({Verdict.SILENT})
@@ -87,26 +87,26 @@ def truth(policy: str | None, hybrid: bool, failure: str, r: int, chunk: int) ->
     """What an honest probe must find once R has left the device, from the configuration alone.
 
     SGLang (shared/reference/sglang-facts.md 3a-3c) and the simulator that follows it:
-    - write_through_selective backs a node up on its second hit; R is sent once before the pressure,
-      so it is deleted, not demoted, when evicted: no host copy -> silent.
+    - write_through_selective backs a node up on its second hit; the canary sends R twice before the
+      pressure (as any returning context is hit twice), so it behaves as write_through below.
     - write_through on the report's build never backs up a hybrid model's late-attached Mamba
       state; the host KV alone fails the Mamba validator -> silent.
     - write_through never backs up a chunked prefill (R longer than chunked_prefill_size) under the
       chunked failure -> silent; a shorter R is backed up normally -> reused.
-    - write_through with a host Mamba pool of 4 states: every context inserted after R backs up its
-      own state and evicts R's (LRU) -> silent (scenarios keep >= 4 filler requests).
+    - write_through with a host Mamba pool of 4 states and a host KV pool holding >= 8 contexts of R's
+      length: any R-sized workload that evicts R from device backs up more than 4 states after R's
+      and evicts it (LRU); host KV of such contexts is dead memory -> silent (scenarios keep R small).
     - otherwise the host tier holds R (KV and state; host pools >= 2x device) -> reused.
     """
     if policy is None:
         return Verdict.HICACHE_DISABLED, frozenset({Verdict.HICACHE_DISABLED}), "HiCache off"
-    if policy == "write_through_selective":
-        return Verdict.SILENT, SILENT_OK, "selective: R is hit once, never backed up"
-    if policy == "write_through":
+    if policy in ("write_through", "write_through_selective"):
         if hybrid and failure == "mamba_state_not_backed_up":
             return Verdict.SILENT, SILENT_OK, "write_through drops the late-attached Mamba state"
         if failure == "chunked_prefill_not_backed_up" and r > chunk:
             return Verdict.SILENT, SILENT_OK, "write_through never backs up R's chunked prefill"
-        if hybrid and failure == "host_mamba_pool_small":
+        if hybrid and failure == "host_mamba_pool_small" and policy == "write_through":
+            # (selective backs up only contexts hit twice: one-off contexts after R take no state)
             return Verdict.SILENT, SILENT_OK, "4 host Mamba slots: later contexts evict R's state"
     return Verdict.REUSED, frozenset({Verdict.REUSED}), "host tier holds R"
 
@@ -147,7 +147,9 @@ def make_scenario(n: int, seed: int, kind: str, quick: bool) -> Scenario:
     if kind == "silent_chunked":
         chunk = 2048
     if hybrid and failure == "host_mamba_pool_small":
-        chunk = 2048 if device // 8 >= 2048 else 1024  # at least 4 filler requests after R
+        chunk = 2048 if device // 8 >= 2048 else 1024
+        if not latency_only:  # (latency-only scenarios need R >= LATENCY_MIN_R for a visible cold prefill)
+            r = min(r, device // 4)  # host (>= 2x device) holds >= 8 contexts of R: the Mamba pool is the bottleneck
     background = kind == "general" and rng.random() < BACKGROUND_SHARE
     warm = int(device * rng.uniform(0.2, 1.5)) if rng.random() < WARM_SHARE else 0
     cap = None
