@@ -94,18 +94,26 @@ class Simulator:
         self.log.close()
 
 
-def _probe(url: str, label: str, args: argparse.Namespace, key: str | None) -> ProbeRecord:
+def _probe(runner: asyncio.Runner, url: str, label: str, args: argparse.Namespace, key: str | None) -> ProbeRecord:
     from .render import ProgressLine
 
     settings = settings_from_args(args, label)
-    return asyncio.run(probe_once(url, settings, key, ProgressLine(sys.stderr, label=label)))
+    return runner.run(probe_once(url, settings, key, ProgressLine(sys.stderr, label=label)))
 
 
 def run(args: argparse.Namespace) -> int:
+    # One event loop, built before anything is printed: a Ctrl-C that lands while a loop is being
+    # constructed leaves a half-built loop whose __del__ prints a traceback at exit.
+    with asyncio.Runner() as runner:
+        runner.get_loop()
+        return _run(runner, args)
+
+
+def _run(runner: asyncio.Runner, args: argparse.Namespace) -> int:
     from .render import render_table, side_by_side
 
     if args.target:
-        rec = _probe(args.target, args.target, args, load_key(args))
+        rec = _probe(runner, args.target, args.target, args, load_key(args))
         print(render_table(rec))
         return 3 if rec.verdict == Verdict.ERROR else 0
     if args.context_tokens is None:
@@ -121,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         for sim in sims:
             sim.wait_ready(deadline)
             sys.stderr.write(f"{sim.policy} simulator at {sim.url}\n")
-        records = [_probe(sim.url, sim.policy, args, None) for sim in sims]
+        records = [_probe(runner, sim.url, sim.policy, args, None) for sim in sims]
     except RuntimeError as exc:
         sys.stderr.write(f"hicache-canary demo: error: {exc}\n")
         return 3
