@@ -5,8 +5,9 @@
 
 The stack is the end-to-end tests' (tests/e2e_stack.py), all real processes on 127.0.0.1: simulated
 SGLang servers (hybrid GDN model, HiCache on), `hicache-canary serve` probing each one every
-interval and confirming a first `silent` after the shipped confirm_after (60s) scaled like the
-interval, Prometheus (1 s scrape and evaluation) with the shipped rule files unchanged, and two
+interval, watching for restarts between probes (the shipped watch_interval 30s and
+restart_probe_delay 60s scaled like the interval) and confirming a first `silent` after the shipped
+confirm_after (60s) scaled the same way, Prometheus (1 s scrape and evaluation) with the shipped rule files unchanged, and two
 Alertmanagers fed by that Prometheus: the shipped config (pager group_wait 10s, group_interval 1m)
 and the same with group_interval 2s, each posting to a webhook receiver in this script.
 
@@ -39,6 +40,8 @@ from _common import table  # noqa: E402
 
 SHIPPED_INTERVAL_S = 900.0  # config.BUILTIN["interval"] and deploy/hicache-canary.yml: 15m
 SHIPPED_CONFIRM_S = 60.0  # config.BUILTIN["confirm_after"]
+SHIPPED_WATCH_S = 30.0  # config.BUILTIN["watch_interval"]
+SHIPPED_RESTART_DELAY_S = 60.0  # config.BUILTIN["restart_probe_delay"]
 FULL = dict(scale=60, servers=3, shipped_am=True)
 QUICK = dict(scale=300, servers=2, shipped_am=False)
 FAST_AM = "fast"
@@ -114,17 +117,21 @@ def main(argv: list[str] | None = None) -> int:
     mode = QUICK if args.quick else FULL
     interval = SHIPPED_INTERVAL_S / mode["scale"]
     confirm = SHIPPED_CONFIRM_S / mode["scale"]
+    watch = SHIPPED_WATCH_S / mode["scale"]
+    restart_delay = SHIPPED_RESTART_DELAY_S / mode["scale"]
     for_s = rule_for_seconds("HiCacheSilent")
     target_s = interval + for_s
     ams = [FAST_AM] + ([SHIPPED_AM] if mode["shipped_am"] else [])
     specs = [SimSpec(f"bench-{i}", ("--hicache-write-policy", "write_back"), interval=f"{interval:g}s") for i in range(mode["servers"])]
     print(f"probe interval {SHIPPED_INTERVAL_S / 60:.0f}m scaled {mode['scale']}x to {interval:g} s, confirm_after "
-          f"{SHIPPED_CONFIRM_S:g}s to {confirm:g} s; HiCacheSilent for: "
+          f"{SHIPPED_CONFIRM_S:g}s to {confirm:g} s, watch_interval {SHIPPED_WATCH_S:g}s to {watch:g} s, "
+          f"restart_probe_delay {SHIPPED_RESTART_DELAY_S:g}s to {restart_delay:g} s; HiCacheSilent for: "
           f"{for_s:g} s (shipped, unscaled); target: interval + for = {target_s:g} s; {len(specs)} servers; "
           f"Alertmanagers: {', '.join(ams)}", flush=True)
     stack = start_e2e_stack(
         specs, am_group_interval=None, extra_alertmanagers={FAST_AM: "2s", **({SHIPPED_AM: None} if mode["shipped_am"] else {})},
         confirm_after=f"{confirm:g}s",
+        watch={"watch_interval": f"{watch:g}s", "restart_probe_delay": f"{restart_delay:g}s"},
     )
     try:
         for s in specs:  # healthy first: each server has proved reuse once

@@ -176,7 +176,7 @@ class E2EStack:
         self.hook.__exit__(None, None, None)
 
 
-def _exporter_config(sims: dict[str, Sim], path: Path, confirm_after: str) -> Path:
+def _exporter_config(sims: dict[str, Sim], path: Path, confirm_after: str, watch: dict[str, str] | None = None) -> Path:
     cfg = {
         "probe_api_token_env": "HICACHE_CANARY_E2E_TOKEN",
         "defaults": {
@@ -189,6 +189,9 @@ def _exporter_config(sims: dict[str, Sim], path: Path, confirm_after: str) -> Pa
             # Confirm a first silent verdict a second later (shipped: 60s, capped at the interval):
             # `doomed`, probed hourly, reaches the two silent probes HiCacheSilent needs on its own.
             "confirm_after": confirm_after,
+            # watch_interval / restart_probe_delay when given (bench/detection.py scales them);
+            # otherwise the shipped 30s watch, which is off at these intervals of seconds.
+            **(watch or {}),
         },
         "targets": [{"name": n, "url": s.url, "interval": s.spec.interval} for n, s in sims.items()],
     }
@@ -216,6 +219,7 @@ def start_e2e_stack(
     am_group_interval: str | None = None,
     extra_alertmanagers: dict[str, str | None] | None = None,
     confirm_after: str = "1s",
+    watch: dict[str, str] | None = None,
 ) -> E2EStack:
     """Start everything; on any failure stop what already started and re-raise.
 
@@ -248,7 +252,7 @@ def start_e2e_stack(
             started.append(proc)
             extra[name] = (proc, url)
         exporter_port = free_port()
-        cfg = _exporter_config(sims, workdir / "exporter.yml", confirm_after)
+        cfg = _exporter_config(sims, workdir / "exporter.yml", confirm_after, watch)
         exporter = Proc(
             "e2e-exporter",
             canary_argv("serve", "--config", str(cfg), "--host", "127.0.0.1", "--port", str(exporter_port)),
