@@ -7,6 +7,7 @@ only when chosen, so `hicache-canary sim` never pays for the exporter's imports 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import sys
 
@@ -42,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        # asyncio's runner turns Ctrl-C into KeyboardInterrupt only when the main task did not
+        # swallow the cancellation; a probe that cleaned up and re-raised ends as CancelledError.
         return 130
 
 
