@@ -14,7 +14,17 @@ import pytest
 
 from canary_proxy import ReshapingProxy
 from hicache_canary.canary import ProgressEvent, run_probe
-from hicache_canary.models import Cause, ErrorReason, Phase, ProbeSettings, Verdict
+from hicache_canary.models import (
+    CachedTokens,
+    Cause,
+    CounterSnapshot,
+    ErrorReason,
+    GenerateResult,
+    Phase,
+    ProbeSettings,
+    ServerFacts,
+    Verdict,
+)
 from hicache_canary.sglang_client import SGLangClient
 from procs import start_simulator
 
@@ -268,3 +278,36 @@ async def test_cancel_leaves_no_request_running(sim) -> None:
             break
         assert asyncio.get_running_loop().time() < deadline, running
         await asyncio.sleep(0.05)
+
+
+class _QueueBuildsUp:
+    """A server that is idle at preflight and has real users queueing from R's cold prefill on."""
+
+    def __init__(self) -> None:
+        self.generated: list[int] = []
+
+    async def server_info(self) -> ServerFacts:
+        return ServerFacts(version="0.5.23", enable_hierarchical_cache=True, write_policy="write_back",
+                           page_size=1, chunked_prefill_size=4096, max_total_num_tokens=20000,
+                           max_req_input_len=100000, enable_metrics=True, hybrid_model=True)
+
+    async def metrics(self) -> CounterSnapshot:
+        queued = 5.0 if self.generated else 0.0
+        return CounterSnapshot(num_queue_reqs=queued, num_running_reqs=1.0, kv_available_tokens=12000.0,
+                               kv_evictable_tokens=2000.0, max_total_num_tokens=20000.0, evicted_tokens=0.0,
+                               prompt_tokens=float(sum(self.generated)), host_used_tokens=0.0,
+                               host_total_tokens=40000.0)
+
+    async def generate(self, input_ids, *, max_new_tokens=1, routed_dp_rank=None, timeout=300.0) -> GenerateResult:
+        self.generated.append(len(input_ids))
+        return GenerateResult(latency_s=0.01, prompt_tokens=len(input_ids), completion_tokens=1,
+                              cached_tokens=0, details=CachedTokens())
+
+
+async def test_filler_is_held_while_real_users_queue_and_the_probe_stops_before_rehost() -> None:
+    server = _QueueBuildsUp()
+    rec = await run_probe(server, settings(context_tokens=2000, passive_wait_s=0.2, poll_interval_s=0.02,
+                                           busy_queue_threshold=2))
+    assert server.generated == [2000], "only R's cold prefill: no filler, no rehost, no again"
+    assert rec.verdict == Verdict.SKIPPED_BUSY and rec.pressure.limited_by == "server_busy"
+    assert rec.tokens_canary == 2000 and rec.tokens_pressure == 0

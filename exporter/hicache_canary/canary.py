@@ -129,8 +129,16 @@ class _Probe:
                     # Selective backs a node up on its second hit; a returning context gets one, so R does.
                     planted = (await self.send_r(Phase.PRIME, cold.after)).after
                 pressure = await self.pressure(planted)
-                rehost = await self.send_r(Phase.REHOST, pressure.after)
-                await self.send_r(Phase.AGAIN, rehost.after)
+                if self.rec.pressure.limited_by == "server_busy":
+                    # Rehost and again would put R twice more in front of a queue of real users.
+                    self.rec.verdict = Verdict.SKIPPED_BUSY
+                    self.rec.evidence = (
+                        f"the server became busy during pressure and stayed busy; probe stopped before rehost "
+                        f"after {self.rec.tokens_canary + self.rec.tokens_pressure} tokens"
+                    )
+                else:
+                    rehost = await self.send_r(Phase.REHOST, pressure.after)
+                    await self.send_r(Phase.AGAIN, rehost.after)
         except SGLangError as exc:
             self.rec.reason, self.rec.evidence = exc.reason, f"{self._where()}: {exc.message}"
         except _Stop as stop:
@@ -295,6 +303,17 @@ class _Probe:
                     await asyncio.sleep(self.s.poll_interval_s)
                     now = await self.snap()
                     continue
+            busy = self._busy(now)
+            if busy:
+                # Real users queued up after preflight: filler would only delay them, and their
+                # traffic turns the pool over anyway. Hold it, for one more passive window at most.
+                if time.monotonic() > deadline + self.s.passive_wait_s:
+                    pr.limited_by = "server_busy"
+                    break
+                self.emit(Phase.PRESSURE, "holding filler: " + busy.split(";")[0])
+                await asyncio.sleep(self.s.poll_interval_s)
+                now = await self.snap()
+                continue
             n = next_chunk(plan, want, pr.synthetic_tokens, page)
             if n <= 0:
                 pr.limited_by = "max_pressure_tokens"
