@@ -26,7 +26,6 @@ from hicache_canary.models import (
     Verdict,
 )
 from hicache_canary.sglang_client import SGLangClient
-from procs import start_simulator
 
 SCALED = ("--enable-hierarchical-cache", "--enable-metrics", "--max-total-tokens", "40000",
           "--hicache-host-tokens", "70958", "--chunked-prefill-size", "4096")
@@ -43,20 +42,6 @@ async def probe(url: str, **kw):
     async with SGLangClient(url) as c:
         rec = await run_probe(c, settings(**kw), progress=events.append, rng=random.Random(7))
     return rec, events
-
-
-@pytest.fixture
-def sim(request):
-    procs = []
-
-    def start(*flags: str, time_scale: float = 0.002):
-        proc, url = start_simulator(*flags, time_scale=time_scale)
-        procs.append(proc)
-        return url
-
-    yield start
-    for p in procs:
-        p.stop()
 
 
 def prompt_tokens_total(url: str) -> float:

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from procs import canary_argv, free_port, start_simulator
+from procs import canary_argv, free_port
 
 REPORT = ("--enable-hierarchical-cache", "--enable-metrics", "--hybrid-model", "--max-total-tokens", "400000",
           "--hicache-host-tokens", "709577", "--chunked-prefill-size", "4096")
@@ -21,20 +21,6 @@ def run_probe_cli(*args: str, env: dict | None = None, timeout: float = 120) -> 
 
     return subprocess.run(canary_argv("probe", *args), capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
-
-
-@pytest.fixture
-def sim():
-    procs = []
-
-    def start(*flags: str, time_scale: float = 0.002):
-        proc, url = start_simulator(*flags, time_scale=time_scale)
-        procs.append(proc)
-        return url
-
-    yield start
-    for p in procs:
-        p.stop()
 
 
 def table_row(stdout: str, name: str) -> list[str]:
