@@ -86,7 +86,7 @@ class Scenario:
 def truth(policy: str | None, hybrid: bool, failure: str, r: int, chunk: int) -> tuple[Verdict, frozenset[Verdict], str]:
     """What an honest probe must find once R has left the device, from the configuration alone.
 
-    SGLang (shared/reference/sglang-facts.md 3a-3c) and the simulator that follows it:
+    SGLang (its HiCache code; docs/simulator.md) and the simulator that follows it:
     - write_through_selective backs a node up on its second hit; the canary sends R twice before the
       pressure (as any returning context is hit twice), so it behaves as write_through below.
     - write_through on the report's build never backs up a hybrid model's late-attached Mamba

@@ -38,10 +38,9 @@ from dashboard_queries import (
     metric_names,
     render_query,
 )
+from fixtures import SGLANG
 
-FIXTURES = REPO.parent / "shared" / "fixtures" / "sglang-0.5.23"
-if not FIXTURES.is_dir():  # CI lays shared/ beside the clone; a developer's tree may differ
-    FIXTURES = Path("/work/shared/fixtures/sglang-0.5.23")
+FIXTURES = SGLANG / "sglang-0.5.23"
 PROMETHEUS_BUILTIN = {"ALERTS", "ALERTS_FOR_STATE", "up"}
 # Prometheus annotation fields Grafana's prometheus plugin reads from the annotation itself; the
 # generic AnnotationQuery schema leaves datasource-specific keys open, so the SDK does not model them.

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from procs import REPO, require_binary
+from fixtures import sglang_path
 
 PROM_DIR = REPO / "prometheus"
 RULE_FILES = sorted((PROM_DIR / "rules").glob("*.yml"))
@@ -187,18 +188,17 @@ def test_every_recording_rule_has_a_promql_expr_test():
 
 def test_rules_use_only_contract_and_real_sglang_metric_names():
     readme = (REPO / "README.md").read_text()
-    fixture = (Path("/work/shared/fixtures/sglang-0.5.23/metrics_write_through_silent.txt"))
+    fixture = sglang_path("sglang-0.5.23/metrics_write_through_silent.txt")
     healthy = fixture.with_name("metrics_write_back_healthy.txt")
-    sglang_text = fixture.read_text() + healthy.read_text() if fixture.exists() else None
+    real_text = fixture.read_text() + healthy.read_text()
     optional = {"hicache_canary_probe_interval_seconds"}  # used only with a fallback; see docs/alerts.md
     for path in RULE_FILES:
         text = path.read_text()
         exprs = " ".join(r["expr"] for g in yaml.safe_load(text)["groups"] for r in g["rules"])
         for name in set(re.findall(r"\bhicache_canary_[a-z_]+", exprs)) - optional:
             assert f"`{name}`" in readme or name.removesuffix("_total") in readme, f"{path.name}: {name} is not in the README contract"
-        if sglang_text is not None:
-            for name in set(re.findall(r"sglang:[a-z_]+", exprs)):
-                assert name in sglang_text or name == "sglang:load_back_tokens_total", f"{path.name}: {name} not in SGLang 0.5.23 output"
+        for name in set(re.findall(r"sglang:[a-z_]+", exprs)):
+            assert name in real_text or name == "sglang:load_back_tokens_total", f"{path.name}: {name} not in SGLang 0.5.23 output"
 
 
 def test_amtool_check_config_committed_and_rendered(tmp_path: Path):

@@ -19,17 +19,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from hicache_canary.models import CachedTokens, ErrorReason
 from hicache_canary.sglang_client import SGLangClient, SGLangError, load_api_key, parse_server_info
 from procs import free_port
+from fixtures import sglang_text
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO.parent / "shared" / "fixtures"
 KEY = "sk-canary-SECRET-4f9a1c"
 
 
 def fixture(rel: str) -> str:
-    path = FIXTURES / rel
-    if not path.is_file():
-        pytest.fail(f"real SGLang fixture {path} is missing: shared/fixtures must sit beside the clone")
-    return path.read_text()
+    return sglang_text(rel)
 
 
 def fixture_json(rel: str):

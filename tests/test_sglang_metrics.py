@@ -1,6 +1,6 @@
 """sglang_metrics.parse_snapshot against real SGLang output (0.5.23, live 0.5.17) and edge cases.
 
-The real expositions live in ../shared/fixtures (beside the clone, also in CI); hand-made broken or
+The real expositions live in tests/testdata/sglang (SGLang's own output, see its README); hand-made broken or
 unusual ones in tests/testdata/metrics.
 """
 
@@ -12,17 +12,14 @@ import pytest
 
 from hicache_canary.models import CounterSnapshot
 from hicache_canary.sglang_metrics import MAX_ERROR_LEN, MAX_ERRORS, looks_like_router, parse_snapshot
+from fixtures import sglang_text
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO.parent / "shared" / "fixtures"
 TESTDATA = Path(__file__).parent / "testdata" / "metrics"
 
 
 def fixture(rel: str) -> str:
-    path = FIXTURES / rel
-    if not path.is_file():
-        pytest.fail(f"real SGLang fixture {path} is missing: shared/fixtures must sit beside the clone")
-    return path.read_text()
+    return sglang_text(rel)
 
 
 def test_0523_write_through_silent_reads_one_tp_rank_and_leaves_load_back_absent():

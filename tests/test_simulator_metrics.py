@@ -11,10 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from hicache_canary.simulator.config import SimConfig
 from hicache_canary.simulator.engine import Engine
 from hicache_canary.simulator.metrics import HttpStats, bucket_bounds, render
+from fixtures import SGLANG
 
-FIXTURES = Path("/work/shared/fixtures")
-if not FIXTURES.exists():  # CI checkouts carry the fixtures next to the repo
-    FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = SGLANG
 
 
 def _families(text: str) -> dict:

@@ -8,8 +8,8 @@ from types import MappingProxyType
 import pytest
 
 from hicache_canary.watch import WatchReading, WatchState, after_probe, delay_after_restart, observe, read_metrics, restarted, watch_period
+from fixtures import sglang_text
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"  # beside the clone, as in CI
 
 
 def reading(start: float | None = None, **counters: float) -> WatchReading:
@@ -24,10 +24,7 @@ def reading(start: float | None = None, **counters: float) -> WatchReading:
     ],
 )
 def test_reads_the_tokenizer_counters_of_real_sglang_output(fixture, prompt, requests):
-    path = FIXTURES / fixture
-    if not path.exists():
-        pytest.fail(f"real SGLang fixture {path} is missing: shared/fixtures must sit beside the clone")
-    r = read_metrics(path.read_text())
+    r = read_metrics(sglang_text(fixture))
     assert r.counters["prompt_tokens_total"] == prompt
     assert r.counters["num_requests_total"] == requests
     assert set(r.counters) == {"prompt_tokens_total", "generation_tokens_total", "num_requests_total"}

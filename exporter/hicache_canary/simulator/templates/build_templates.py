@@ -1,7 +1,7 @@
-"""Regenerate the simulator's templates from the real SGLang outputs in shared/fixtures.
+"""Regenerate the simulator's templates from the real SGLang outputs in tests/testdata/sglang.
 
-Run by hand when a fixture changes:
-    python -m hicache_canary.simulator.templates.build_templates /work/shared/fixtures
+Run by hand from the repository root when a fixture changes:
+    python -m hicache_canary.simulator.templates.build_templates tests/testdata/sglang
 It writes `metrics_0_5_23.py`, `metrics_0_5_17.py` and `server_info.py` next to itself. The templates
 are Python modules (not JSON) so they ship with the package without any package-data setting.
 Nothing here runs at simulator start-up.
@@ -117,4 +117,4 @@ def main(fixtures: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "/work/shared/fixtures"))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "tests/testdata/sglang"))
