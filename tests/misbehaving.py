@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass, field
 
 import httpx
+from hicache_canary.canary import WARMUP_TOKENS
 
 PHASES = ("preflight", "metrics", "cold", "pressure", "rehost", "again")
 KINDS = (
@@ -193,6 +194,8 @@ class FaultProxy(_LoopThread):
             except ValueError:
                 return "other"
             if self._r is None:
+                if ids is not None and len(ids) <= WARMUP_TOKENS:
+                    return "warmup"  # a fresh server's first request, before R
                 self._r, self._r_sends = ids, 1
                 return "cold"
             if ids == self._r:

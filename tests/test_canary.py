@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from canary_proxy import ReshapingProxy
-from hicache_canary.canary import ProgressEvent, run_probe
+from hicache_canary.canary import WARMUP_TOKENS, ProgressEvent, run_probe
 from hicache_canary.models import (
     CachedTokens,
     Cause,
@@ -59,10 +59,14 @@ async def test_write_back_hybrid_is_reused_with_every_token_accounted(sim) -> No
     assert rec.pressure.eviction_confirmed and rec.pressure.limited_by is None
     # Pressure stops at what LRU needs, not a fixed 10x40K: never more than one chunk beyond it.
     assert rec.pressure.synthetic_tokens <= rec.pressure.planned_tokens + 4096
-    assert rec.tokens_canary == 3 * R
+    # A fresh server: a short warm-up request first, so R's cold prefill does not pay kernel compilation.
+    assert rec.tokens_canary == WARMUP_TOKENS + 3 * R
     assert prompt_tokens_total(url) - before == rec.tokens_canary + rec.tokens_pressure
-    assert [s.phase for s in rec.steps] == [Phase.COLD, Phase.PRESSURE, Phase.REHOST, Phase.AGAIN]
+    assert [s.phase for s in rec.steps] == [Phase.WARMUP, Phase.COLD, Phase.PRESSURE, Phase.REHOST, Phase.AGAIN]
     assert events[-1].phase == "done" and events[-1].tokens_sent == rec.tokens_canary + rec.tokens_pressure
+    # The next probe finds a server that has served requests: no warm-up.
+    again, _ = await probe(url)
+    assert [s.phase for s in again.steps][0] == Phase.COLD and again.tokens_canary == 3 * R
 
 
 @pytest.mark.parametrize(
@@ -115,10 +119,10 @@ async def test_write_through_selective_primes_R_and_reuses(sim) -> None:
     url = sim(*HYBRID, "--hicache-write-policy", "write_through_selective", "--hybrid-failure", "none")
     before = prompt_tokens_total(url)
     rec, _ = await probe(url)
-    assert [s.phase for s in rec.steps] == [Phase.COLD, Phase.PRIME, Phase.PRESSURE, Phase.REHOST, Phase.AGAIN]
+    assert [s.phase for s in rec.steps] == [Phase.WARMUP, Phase.COLD, Phase.PRIME, Phase.PRESSURE, Phase.REHOST, Phase.AGAIN]
     assert rec.step(Phase.PRIME).cached.device >= R - 64  # a cheap device hit
     assert rec.verdict == Verdict.REUSED, rec.evidence
-    assert rec.tokens_canary == 4 * R
+    assert rec.tokens_canary == WARMUP_TOKENS + 4 * R
     assert prompt_tokens_total(url) - before == rec.tokens_canary + rec.tokens_pressure
 
 
@@ -280,7 +284,7 @@ class _QueueBuildsUp:
         queued = 5.0 if self.generated else 0.0
         return CounterSnapshot(num_queue_reqs=queued, num_running_reqs=1.0, kv_available_tokens=12000.0,
                                kv_evictable_tokens=2000.0, max_total_num_tokens=20000.0, evicted_tokens=0.0,
-                               prompt_tokens=float(sum(self.generated)), host_used_tokens=0.0,
+                               prompt_tokens=1000.0 + sum(self.generated), host_used_tokens=0.0,  # has served traffic
                                host_total_tokens=40000.0)
 
     async def generate(self, input_ids, *, max_new_tokens=1, routed_dp_rank=None, timeout=300.0) -> GenerateResult:

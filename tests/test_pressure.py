@@ -25,14 +25,26 @@ def gauges(avail, evictable, evicted=0.0, pool=400_000) -> CounterSnapshot:
     return CounterSnapshot(kv_available_tokens=avail, kv_evictable_tokens=evictable, evicted_tokens=evicted, max_total_num_tokens=pool)
 
 
+def live(avail, evictable, used, pool=40_000, evicted=0.0) -> CounterSnapshot:
+    return CounterSnapshot(kv_available_tokens=avail, kv_evictable_tokens=evictable, num_used_tokens=used,
+                           evicted_tokens=evicted, max_total_num_tokens=pool)
+
+
+LIVE = ServerFacts(enable_hierarchical_cache=True, hybrid_model=True, write_policy="write_through", page_size=1,
+                   chunked_prefill_size=2048, max_total_num_tokens=40_000, max_req_input_len=32_762)
+
+
 @pytest.mark.parametrize(
     "facts, snapshot, r, need, target, from_gauges",
     [
-        pytest.param(REPORT, gauges(300_000, 100_000), 40_000, 300_000 + 60_001 + 39_999, 100_000, True, id="free-plus-older-plus-R"),
-        pytest.param(REPORT, gauges(0, 40_000), 40_000, 40_000, 40_000, True, id="full-pool-only-R-evictable"),
-        pytest.param(REPORT, gauges(1000, 20_000), 40_000, 1000 + 0 + 39_999, 39_936, True, id="evictable-below-R-R-still-locked-target-is-R-to-64"),
-        pytest.param(ServerFacts(page_size=64, max_total_num_tokens=24_000), gauges(5000, 6000, pool=24_000), 6000, 11_008, 6000, True, id="page-aligned-up-target-is-all-evictable"),
-        pytest.param(ServerFacts(max_total_num_tokens=24_000), CounterSnapshot(evicted_tokens=0.0), 6000, 24_000, 24_000, False, id="no-gauges-whole-pool-0.5.17"),
+        pytest.param(REPORT, gauges(300_000, 100_000), 40_000, 400_000, 100_000, True, id="write-back-idle-free-plus-everything-evictable"),
+        # Live 0.5.17, write_through, right after R's cold request (consecutive-probes/): R's 16,384
+        # tokens were locked, in neither gauge. The first plan said 23,616 and R stayed on device.
+        pytest.param(LIVE, live(1600, 22_016, 16_384), 16_384, 40_000, 38_400, True, id="live-write-through-R-locked-counted"),
+        pytest.param(ServerFacts(), live(1600, 22_016, 16_384, pool=None), 16_384, 40_000, 38_400, True, id="no-pool-size-evictable-plus-used"),
+        pytest.param(ServerFacts(), gauges(1600, 22_016, pool=None), 16_384, 39_999, 38_399, True, id="no-pool-no-used-assume-R-locked"),
+        pytest.param(ServerFacts(page_size=64, max_total_num_tokens=24_000), gauges(5000, 19_000, pool=24_000), 6000, 24_000, 19_000, True, id="page-64"),
+        pytest.param(ServerFacts(max_total_num_tokens=24_000), CounterSnapshot(evicted_tokens=0.0), 6000, 24_000, 24_000, False, id="no-gauges-whole-pool"),
         pytest.param(ServerFacts(max_total_num_tokens=24_000), None, 6000, 24_000, 24_000, False, id="no-metrics-at-all-whole-pool"),
     ],
 )
@@ -106,8 +118,8 @@ def test_turnover(planted, now, expected) -> None:
     assert turnover(planted, now) == expected
 
 
-def test_eviction_confirmed_needs_older_plus_R_evicted() -> None:
-    planted = gauges(0, 100_000, evicted=1000)
+def test_eviction_proven_only_when_everything_in_the_pool_at_planting_left() -> None:
+    planted = gauges(0, 100_000, evicted=1000, pool=100_000)
     plan = plan_pressure(S, REPORT, planted, 40_000)
     assert plan.evict_target == 100_000
     assert not eviction_confirmed(planted, gauges(0, 0, evicted=1000 + 99_999), plan)

@@ -95,8 +95,8 @@ def test_json_is_the_whole_record_without_secrets(sim) -> None:
     assert p.returncode == 0, p.stderr
     rec = json.loads(p.stdout)
     assert rec["verdict"] == "reused" and rec["cause"] == "none"
-    assert [s["phase"] for s in rec["steps"]] == ["cold", "pressure", "rehost", "again"]
-    assert rec["tokens_canary"] == 3 * 8192
+    assert [s["phase"] for s in rec["steps"]] == ["warmup", "cold", "pressure", "rehost", "again"]  # a fresh server
+    assert rec["tokens_canary"] == 64 + 3 * 8192
     assert "s3cret-key-value" not in p.stdout + p.stderr
 
 

@@ -95,6 +95,9 @@ CASES = [
     # --- suspected causes from counter deltas ---
     pytest.param(record(rehost=CachedTokens(), snaps=counters(kv=(0, 0, 40_000))), Verdict.SILENT, Cause.CHUNKED_PREFILL_NOT_BACKED_UP, "chunked_prefill_size 4096", id="cause-write-through-long-R-not-backed-up-chunked"),
     pytest.param(record(rehost=CachedTokens(), snaps=counters(kv=(0, R, 2 * R), mamba=(0, 1, 11), dropped=(0, 5000))), Verdict.SILENT, Cause.HOST_POOL_PRESSURE, "dropped", id="cause-dropped-tokens-host-pressure"),
+    # 0.5.17 exports no drop or backup counter: a full host pool and a partial host hit say it (live, small host pool).
+    pytest.param(record(rehost=CachedTokens(host=int(R * 0.43)), snaps=[snap(host_used_tokens=46_336.0, host_total_tokens=48_001.0, evicted_tokens=1000.0 * i) for i in range(5)]), Verdict.SILENT, Cause.HOST_POOL_PRESSURE, "1665 free", id="cause-0.5.17-host-pool-full-partial-host-hit-host-pressure"),
+    pytest.param(record(rehost=CachedTokens(host=int(R * 0.43)), snaps=[snap(host_used_tokens=592_658.0, host_total_tokens=709_577.0, evicted_tokens=1000.0 * i) for i in range(5)]), Verdict.SILENT, Cause.UNKNOWN, "no hicache_backup_tokens_total", id="cause-0.5.17-host-pool-with-room-for-R-is-not-pressure"),
     pytest.param(record(rehost=CachedTokens(), snaps=counters(kv=(0, R, 2 * R), mamba=(0, 1, 11), mamba_host=(30, 30))), Verdict.SILENT, Cause.HOST_POOL_PRESSURE, "Mamba pool was full", id="cause-host-mamba-pool-full-host-pressure"),
     # A full host KV pool is normal under write_through (the report's filled to 592,658/709,577): not a cause alone.
     pytest.param(record(rehost=CachedTokens(), snaps=counters(kv=(0, R, 2 * R), host=(990, 1000), mamba=(0, 1, 11))), Verdict.SILENT, Cause.LOAD_BACK_SKIPPED, "nothing was loaded back", id="cause-host-kv-pool-full-alone-is-not-pressure"),

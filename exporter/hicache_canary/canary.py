@@ -35,12 +35,15 @@ from .models import (
     Verdict,
 )
 from .pressure import (
+    BUSY,
+    CAP,
     MIN_CONTEXT_TOKENS,
     RADIX_GRAIN_TOKENS,
+    Move,
+    Progress,
     clamp_context,
     eviction_confirmed,
-    filler_now,
-    next_chunk,
+    next_move,
     plan_pressure,
     r_sends,
     server_rate,
@@ -53,6 +56,7 @@ from .verdict import decide
 log = logging.getLogger("hicache_canary.canary")
 
 TOKEN_ID_RANGE = (1000, 30000)
+WARMUP_TOKENS = RADIX_GRAIN_TOKENS
 ROUTER_EVIDENCE = "the target looks like a router (sgl-router/SMG): a rehost may land on another worker; probe the workers directly"
 # Plain words (one BPE token each in common tokenizers) for OpenAI-only servers.
 WORDS = (
@@ -119,10 +123,13 @@ class _Probe:
         self.r_ids: list[int] = []
         self.r_text = ""
         self.tokens_per_word = 1.0
+        self.calibrated = False  # tokens_per_word measured on R's first send
 
     async def run(self) -> ProbeRecord:
         try:
             if await self.preflight():
+                if self._fresh():
+                    await self.warm_up()
                 cold = await self.send_r(Phase.COLD, self.first)
                 planted = cold.after
                 if self.facts.write_policy == "write_through_selective":
@@ -225,6 +232,23 @@ class _Probe:
         self.prev = s
         return s
 
+    def _fresh(self) -> bool:
+        """Has the server served nothing yet? Then its first request compiles kernels (live 0.5.17:
+        10.2 s for 16 tokens, 0.1 s for 8,192 right after), and R's cold must not be that request.
+        Without metrics nothing tells, and a warm-up costs a few tokens: assume fresh."""
+        return self.first is None or not self.first.prompt_tokens
+
+    async def warm_up(self) -> None:
+        self.emit(Phase.WARMUP, "first request of a fresh server: warming its kernels up before R")
+        step = StepRecord(Phase.WARMUP, before=self.first)
+        self.rec.steps.append(step)
+        res = await self.send(None, WARMUP_TOKENS)
+        step.latency_s, step.prompt_tokens, step.requests = res.latency_s, res.prompt_tokens, 1
+        step.cached_tokens, step.cached = res.cached_tokens, _tiers(res)
+        step.after = await self.snap()
+        # R's cold and the server's turnover rate are measured from here, without the warm-up in them.
+        self.first, self.t_first = step.after, time.monotonic()
+
     # --- requests ------------------------------------------------------------------------
 
     def ids(self, n: int) -> list[int]:
@@ -250,8 +274,9 @@ class _Probe:
                 self.r_text = self.words(tokens)
             model = self.facts.served_model_name or self.facts.model_path
             res = await self.c.completion(self.r_text if ids is not None else self.words(tokens), model=model, timeout=self.s.timeout_s)
-            if ids is not None and self.sent == 0 and res.prompt_tokens > 0:
+            if ids is not None and not self.calibrated and res.prompt_tokens > 0:
                 self.tokens_per_word = res.prompt_tokens / len(self.r_text.split())
+                self.calibrated = True
         self.sent += res.prompt_tokens
         return res
 
@@ -284,41 +309,32 @@ class _Probe:
         # fallback counts) plus a radix grain per request of ours for the generated token and alignment,
         # so an idle server never shows a trickle of "traffic" and waits for nothing.
         r_footprint = r_tokens + RADIX_GRAIN_TOKENS * r_sends(self.facts)
-        deadline = time.monotonic() + self.s.passive_wait_s
+        window = self.s.passive_wait_s
+        deadline = time.monotonic() + window
         now = planted
-        while not (planted is not None and eviction_confirmed(planted, now, plan)):
-            moved = turnover(planted, now)
-            remaining = plan.need_tokens - (moved if moved is not None else pr.synthetic_tokens)
-            if remaining <= 0 and (now is None or now.evicted_tokens is None):
-                break  # the planned turnover is done and nothing can confirm more
-            # Past the plan but unconfirmed (refreshed entries, lagging gauges): a quarter chunk more.
-            want = remaining if remaining > 0 else plan.chunk_tokens / 4
-            if moved is not None:
-                t = time.monotonic()
+        while True:
+            t = time.monotonic()
+            rate = 0.0
+            if turnover(planted, now) is not None:
                 own = r_footprint + pr.synthetic_tokens + RADIX_GRAIN_TOKENS * pr.chunks
                 rate = server_rate(turnover(self.first, now), own, t - self.t_first)
-                want = filler_now(want, rate, deadline - t, self.s.passive_wait_s)
-                if want <= 0:  # the server's own traffic will do it within the passive window
-                    self.emit(Phase.PRESSURE, f"server traffic: {moved:.0f}/{plan.need_tokens} tokens at {rate:.0f}/s")
-                    await asyncio.sleep(self.s.poll_interval_s)
-                    now = await self.snap()
-                    continue
             busy = self._busy(now)
-            if busy:
-                # Real users queued up after preflight: filler would only delay them, and their
-                # traffic turns the pool over anyway. Hold it, for one more passive window at most.
-                if time.monotonic() > deadline + self.s.passive_wait_s:
-                    pr.limited_by = "server_busy"
-                    break
-                self.emit(Phase.PRESSURE, "holding filler: " + busy.split(";")[0])
+            step_next = next_move(plan, planted, now, Progress(
+                synthetic_sent=pr.synthetic_tokens, server_rate=rate, time_left_s=deadline - t, window_s=window,
+                busy=bool(busy), busy_too_long=bool(busy) and t > deadline + window,
+            ), page)
+            if step_next.move == Move.STOP:
+                if step_next.why in (CAP, BUSY):
+                    pr.limited_by = step_next.why
+                break
+            if step_next.move == Move.WAIT:
+                note = ("holding filler: " + busy.split(";")[0]) if step_next.why == BUSY else (
+                    f"server traffic: {turnover(planted, now) or 0:.0f}/{plan.need_tokens} tokens at {rate:.0f}/s")
+                self.emit(Phase.PRESSURE, note)
                 await asyncio.sleep(self.s.poll_interval_s)
                 now = await self.snap()
                 continue
-            n = next_chunk(plan, want, pr.synthetic_tokens, page)
-            if n <= 0:
-                pr.limited_by = "max_pressure_tokens"
-                break
-            res = await self.send(None, n)
+            res = await self.send(None, step_next.tokens)
             pr.synthetic_tokens += res.prompt_tokens
             pr.chunks += 1
             step.requests += 1

@@ -60,6 +60,9 @@ class ErrorReason(str, Enum):
 
 
 class Phase(str, Enum):
+    # A short request before R on a server that has served nothing yet: a fresh SGLang's first
+    # request compiles kernels (live 0.5.17: 10.2 s for 16 tokens), which must not land in R's cold.
+    WARMUP = "warmup"
     COLD = "cold"
     # write_through_selective only: R once more right after cold (a device hit), so R reaches the
     # backup threshold of 2 hits as any returning context would. Never a latency label value.
@@ -150,6 +153,9 @@ class CounterSnapshot:
     num_queue_reqs: float | None = None
     kv_available_tokens: float | None = None
     kv_evictable_tokens: float | None = None
+    # Device slots in use: running requests, and nodes locked while their write-through is in flight
+    # (a live 0.5.17 holds a fresh R here until the scheduler runs again).
+    num_used_tokens: float | None = None
     max_total_num_tokens: float | None = None
     process_start_time: float | None = None  # restarts show as a change here or as counter drops
     families: frozenset[str] = frozenset()  # family names seen, without the "sglang:" prefix

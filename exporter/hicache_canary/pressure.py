@@ -2,20 +2,30 @@
 
 SGLang's device radix cache evicts least-recently-used evictable leaves only when an allocation finds
 no free slot. Right after R's cold prefill, R is the most recently used entry, so new allocations
-first consume the free slots, then evict every evictable entry older than R, then R itself:
+first consume the free slots, then evict every entry older than R, then R itself:
 
-    need = kv_available_after_cold + kv_evictable_older_than_R + R      (page-aligned up)
+    need = kv_available + occupied,   occupied = max_total_num_tokens - kv_available   (page-aligned up)
 
-where `kv_evictable_older_than_R = kv_evictable_tokens - R` read right after the cold request
-(R is evictable then). Before R is planted the same sum is `kv_available + kv_evictable`. Without
-those gauges (0.5.17) the bound is the whole device pool, `max_total_num_tokens`: nothing can hold
-more slots than that.
+read right after R's cold request. `occupied` is everything that is not free: the evictable entries,
+R itself, and whatever is still *locked*. A live SGLang 0.5.17 under write_through keeps a freshly
+inserted R locked (`write_backup` takes `inc_lock_ref`; `writing_check` drops it only when the
+scheduler runs again, so on an idle server R sits in `num_used_tokens`, in neither `kv_available` nor
+`kv_evictable`, until the next request). The first plan, `kv_available + kv_evictable`, left such an
+R out, sent 23,637 tokens against a 40,000-token pool and rehosted R from device
+(tests/testdata/sglang/sglang-0.5.17-live/consecutive-probes/). Locked entries other than R are
+older than R on an idle server, so they count too; KV held by running requests is over-counted
+(it becomes newer than R when those requests finish), which only makes the proof stricter. Without
+the gauges (older releases) the bound is the whole device pool, `max_total_num_tokens`.
 
-Eviction is *confirmed* only from SGLang's `evicted_tokens_total`: its delta since R was planted must
-reach everything evictable at planting, `kv_evictable_tokens` after cold (= older + R; at least R
-rounded down to 64 tokens, in case R was still locked), or a whole device pool without the gauges. A host
-backup of R is not used as proof: under write_through R is backed up at insert time, long before it
-leaves the device. Filler stops as soon as eviction is confirmed.
+Eviction is *proven* only from SGLang's `evicted_tokens_total`: its delta since R was planted must
+reach `occupied`. Every token evicted since then is either one of the entries that were in the pool
+at planting (R among them) or a newer one; LRU takes a newer entry only once R is gone (R, the newest
+at planting, is evicted before anything inserted after it, once its write-through lock is released,
+which the first filler request does). So `occupied` tokens evicted cannot all come from the entries
+older than R: R is among them. Other entries leaving, however many, never prove it. A host backup of
+R is not used as proof either: under write_through R is backed up at insert time, long before it
+leaves the device. Filler stops as soon as eviction is proven; while it is not, filler goes on past
+the planned turnover in quarter chunks, up to `max_pressure_tokens`, before R is re-sent.
 
 Turnover since R was planted, ours and the server's alike, is the net allocation volume
 `evicted_tokens delta + (kv_available_then - kv_available_now)`, signed: LRU evicts whole leaves, so
@@ -44,6 +54,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 
 from .models import CounterSnapshot, ProbeSettings, ServerFacts
 
@@ -109,10 +120,24 @@ def _pool(facts: ServerFacts, snap: CounterSnapshot | None) -> int | None:
 @dataclass(frozen=True)
 class PressurePlan:
     need_tokens: int  # turnover that pushes R out
-    evict_target: int  # evicted_tokens_total delta that confirms R is gone
+    evict_target: int  # evicted_tokens_total delta that proves R is gone (`occupied` at planting)
     chunk_tokens: int
     cap_tokens: int  # most synthetic filler we may send
     from_gauges: bool  # False: sized from max_total_num_tokens (gauges absent)
+
+
+def occupied_tokens(facts: ServerFacts, snap: CounterSnapshot | None, r_cached: int) -> float | None:
+    """Device slots not free right after R's cold request (evictable, locked, R): None without gauges."""
+    if snap is None or snap.kv_available_tokens is None:
+        return None
+    pool = _pool(facts, snap)
+    if pool:
+        return max(0.0, pool - snap.kv_available_tokens)
+    if snap.kv_evictable_tokens is None:
+        return None
+    # No pool size: evictable plus what is in use; without `num_used_tokens`, assume R is locked.
+    used = snap.num_used_tokens if snap.num_used_tokens is not None else r_cached
+    return snap.kv_evictable_tokens + used
 
 
 def plan_pressure(settings: ProbeSettings, facts: ServerFacts, after_cold: CounterSnapshot | None, r_tokens: int) -> PressurePlan:
@@ -120,12 +145,10 @@ def plan_pressure(settings: ProbeSettings, facts: ServerFacts, after_cold: Count
     page = facts.page_size or 1
     r = cached_len(r_tokens, page)
     pool = _pool(facts, after_cold) or 0
-    if after_cold is not None and after_cold.kv_available_tokens is not None and after_cold.kv_evictable_tokens is not None:
-        older = max(0.0, after_cold.kv_evictable_tokens - r)
-        need = align_up(after_cold.kv_available_tokens + older + r, page)
-        # Everything evictable at planting (older + R) must go. R may hold a little less than
-        # `r` (hybrid models cache in 64-token Mamba chunks), so trust the gauge down to that grain.
-        target = max(int(after_cold.kv_evictable_tokens), align_down(r, max(page, RADIX_GRAIN_TOKENS)))
+    occupied = occupied_tokens(facts, after_cold, r)
+    if after_cold is not None and occupied is not None:
+        need = align_up(after_cold.kv_available_tokens + occupied, page)
+        target = int(occupied)
         from_gauges = True
     else:
         need = align_up(pool or r, page)
@@ -165,10 +188,74 @@ def turnover(planted: CounterSnapshot | None, now: CounterSnapshot | None) -> fl
 
 
 def eviction_confirmed(planted: CounterSnapshot | None, now: CounterSnapshot | None, plan: PressurePlan) -> bool:
+    """R's own tokens provably left the device (module docstring): evictions since planting >= occupied."""
     if planted is None or now is None:
         return False
     evicted = _grew(planted.evicted_tokens, now.evicted_tokens)
     return evicted is not None and evicted >= plan.evict_target
+
+
+class Move(str, Enum):
+    SEND = "send"  # send `tokens` of filler now
+    WAIT = "wait"  # poll the counters again after poll_interval_s
+    STOP = "stop"  # pressure is over (`why` says whether R's eviction is proven)
+
+
+# Why pressure stopped. Only PROVEN means the counters showed R's own tokens leave the device.
+PROVEN = "proven"
+NO_COUNTER = "no_eviction_counter"
+CAP = "max_pressure_tokens"
+BUSY = "server_busy"
+
+
+@dataclass(frozen=True)
+class Next:
+    move: Move
+    tokens: int = 0
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the pressure loop knows besides the snapshots: its own sends, the clock, the queue."""
+
+    synthetic_sent: int = 0  # filler tokens sent so far
+    server_rate: float = 0.0  # the server's own turnover, tokens/s (0: idle, or not measurable)
+    time_left_s: float = 0.0  # of the passive window that began when R was planted
+    window_s: float = 0.0  # that window's length
+    busy: bool = False  # real users are queueing now
+    busy_too_long: bool = False  # ... and the hold already outlasted a second passive window
+
+
+def next_move(plan: PressurePlan, planted: CounterSnapshot | None, now: CounterSnapshot | None, progress: Progress, page_size: int = 1) -> Next:
+    """The pressure loop's one decision: send filler, wait for the server's traffic, or stop.
+
+    Pure, fed by the snapshot at planting and the latest one. Pressure never stops for want of
+    proof while the cap allows more: once the planned turnover is spent and R's eviction is still
+    unproven (R was locked longer, traffic refreshed older entries), it goes on in quarter chunks.
+    """
+    if eviction_confirmed(planted, now, plan):
+        return Next(Move.STOP, why=PROVEN)
+    moved = turnover(planted, now)
+    remaining = plan.need_tokens - (moved if moved is not None else progress.synthetic_sent)
+    if remaining <= 0 and (now is None or now.evicted_tokens is None):
+        # Nothing can prove eviction here (metrics off, or no evicted_tokens_total): the planned
+        # turnover is all we can do; the rehost's tier details decide, and without them no `silent`.
+        return Next(Move.STOP, why=NO_COUNTER)
+    want = remaining if remaining > 0 else plan.chunk_tokens / 4
+    if moved is not None:
+        want = filler_now(want, progress.server_rate, progress.time_left_s, progress.window_s)
+        if want <= 0:
+            return Next(Move.WAIT, why="server_traffic")
+    if progress.busy:
+        # Real users queued up after preflight: filler would only delay them, and their traffic
+        # turns the pool over anyway. Hold it, for one more passive window at most.
+        return Next(Move.STOP, why=BUSY) if progress.busy_too_long else Next(Move.WAIT, why=BUSY)
+    # A request shorter than the radix grain may not be cached at all, so it evicts nothing.
+    n = next_chunk(plan, max(want, RADIX_GRAIN_TOKENS), progress.synthetic_sent, page_size)
+    if n <= 0:
+        return Next(Move.STOP, why=CAP)
+    return Next(Move.SEND, tokens=n)
 
 
 def filler_now(remaining_tokens: float, server_rate_tokens_per_s: float, time_left_s: float, window_s: float = 0.0) -> int:

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 from .canary import ProgressEvent
 from .models import Cause, Phase, ProbeRecord, StepRecord
 
-ROW_NAMES = {Phase.COLD: "R-cold", Phase.PRIME: "R-prime", Phase.PRESSURE: "pressure", Phase.REHOST: "R-rehost", Phase.AGAIN: "R-again"}
+ROW_NAMES = {Phase.WARMUP: "warm-up", Phase.COLD: "R-cold", Phase.PRIME: "R-prime", Phase.PRESSURE: "pressure", Phase.REHOST: "R-rehost", Phase.AGAIN: "R-again"}
 HEADERS = ("step", "latency", "prompt tok", "cached dev/host", "host pool before -> after")
 
 

@@ -72,7 +72,7 @@ READ_FAMILIES = frozenset(
         "hicache_backup_tokens_total", "load_back_tokens_total", "evicted_tokens_total",
         "hicache_dropped_tokens_total", "prefill_effective_tokens_total", "cached_tokens_total",
         "prompt_tokens_total", "num_running_reqs", "num_queue_reqs", "kv_available_tokens",
-        "kv_evictable_tokens", "max_total_num_tokens",
+        "kv_evictable_tokens", "num_used_tokens", "max_total_num_tokens",
     }
 )
 _WANTED = frozenset(
@@ -138,6 +138,7 @@ def parse_snapshot(text: str, taken_at: float = 0.0) -> CounterSnapshot:
         num_queue_reqs=sched("num_queue_reqs"),
         kv_available_tokens=sched("kv_available_tokens"),
         kv_evictable_tokens=sched("kv_evictable_tokens"),
+        num_used_tokens=sched("num_used_tokens"),
         max_total_num_tokens=sched("max_total_num_tokens"),
         process_start_time=max(s.value for s in start) if start else None,
         families=frozenset(fam_names),

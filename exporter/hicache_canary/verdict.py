@@ -38,8 +38,10 @@ Suspected cause of `silent` (counter deltas over the probe; first match wins, sp
 - `mamba_state_not_backed_up`: hybrid model, KV backed up (>= half of R) but the Mamba backups are 0
   or below a quarter of the contexts we inserted (R plus each filler request).
 - `host_pool_pressure`: `hicache_dropped_tokens_total{reason="host_pressure"}` grew, or the host
-  Mamba pool was full (states) when R was re-sent. A full host KV pool alone is not: under
-  write_through it fills up as a matter of course (the report's reached 592,658 of 709,577).
+  Mamba pool was full (states) when R was re-sent, or part of R came back from host while the host
+  KV pool had less room left than R (what 0.5.17 exports: live, 6,144 of 14,336 from host with
+  46,336 of 48,001 used). A full host KV pool alone is not: under write_through it fills up as a
+  matter of course (the report's reached 592,658 of 709,577, with 116,919 free, above R's 40,960).
 - `load_back_skipped`: KV and Mamba backed up, no pressure, yet the rehost loaded nothing back.
 - `unknown`: none of the above, or the counters needed are missing (0.5.17 has no backup counter).
 """
@@ -194,8 +196,11 @@ def _first_before(record: ProbeRecord) -> CounterSnapshot | None:
     return None
 
 
-def suspect_cause(record: ProbeRecord) -> tuple[Cause, str]:
-    """Why a silent probe was silent, from counter deltas; returns the cause and a short clause."""
+def suspect_cause(record: ProbeRecord, rehost_host: float | None = None) -> tuple[Cause, str]:
+    """Why a silent probe was silent, from counter deltas; returns the cause and a short clause.
+
+    `rehost_host`: R's tokens the rehost took from host, when tier evidence says.
+    """
     facts = record.server or ServerFacts()
     cold, pressure, rehost = (record.step(p) for p in (Phase.COLD, Phase.PRESSURE, Phase.REHOST))
     r = cacheable_tokens(record)
@@ -244,6 +249,14 @@ def suspect_cause(record: ProbeRecord) -> tuple[Cause, str]:
             else f"the host Mamba pool was full ({end.host_mamba_used_states:.0f}/{end.host_mamba_total_states:.0f} states)"
         )
         return Cause.HOST_POOL_PRESSURE, what
+    host_free = None if end.host_total_tokens is None or end.host_used_tokens is None else end.host_total_tokens - end.host_used_tokens
+    if rehost_host and host_free is not None and host_free < r:
+        # Part of R came back, the rest was gone from a host pool with no room left for R: the host
+        # tier evicted it. What 0.5.17 exports (no drop or backup counters) is enough to say so.
+        return Cause.HOST_POOL_PRESSURE, (
+            f"the host pool was full when R was re-sent ({end.host_used_tokens:.0f} of {end.host_total_tokens:.0f} tokens, "
+            f"{host_free:.0f} free, less than R's {r}), and only part of R came back from host"
+        )
     if kv_all is None or (mamba_all is None and facts.hybrid_model):
         return Cause.UNKNOWN, "this server exports no hicache_backup_tokens_total to tell why"
     load_back = _labelled_delta(rehost.before, rehost.after, "load_back_tokens", "kv", known | {"load_back_tokens"}) if rehost else None
@@ -386,7 +399,7 @@ def _from_shares(record, settings, r, dev, host, again_dev, source, lat, base, d
             evidence=f"eviction of R was not confirmed by evicted_tokens_total and {source} shows {host:.0f} host tokens; no verdict on HiCache",
             **base,
         )
-    cause, why = suspect_cause(record)
+    cause, why = suspect_cause(record, host)
     guard = None if cause in SPECIFIC_CAUSES else own_mamba_pressure(record)
     if guard is not None:
         return Decision(guard.verdict, cause=guard.cause, evidence=f"rehost took {host:.0f} of {r} tokens from host ({source}); {guard.evidence}", **base)
