@@ -58,7 +58,7 @@ def record(
     return rec
 
 
-def counters(kv=(0, 0, 0), mamba=(0, 0, 0), dropped=(0, 0), host=(100, 1000), mamba_host=(1, 30), load_back=(0, 0)):
+def counters(kv=(0, 0, 0), mamba=(0, 0, 0), dropped=(0, 0), host=(100, 1_000_000), mamba_host=(1, 30), load_back=(0, 0)):
     """Five snapshots with backup counters: kv/mamba at (start, planted, before rehost); load_back over rehost."""
     def mk(i):
         k = kv[min(i, 2)]
@@ -98,9 +98,10 @@ CASES = [
     # 0.5.17 exports no drop or backup counter: a full host pool and a partial host hit say it (live, small host pool).
     pytest.param(record(rehost=CachedTokens(host=int(R * 0.43)), snaps=[snap(host_used_tokens=46_336.0, host_total_tokens=48_001.0, evicted_tokens=1000.0 * i) for i in range(5)]), Verdict.SILENT, Cause.HOST_POOL_PRESSURE, "1665 free", id="cause-0.5.17-host-pool-full-partial-host-hit-host-pressure"),
     pytest.param(record(rehost=CachedTokens(host=int(R * 0.43)), snaps=[snap(host_used_tokens=592_658.0, host_total_tokens=709_577.0, evicted_tokens=1000.0 * i) for i in range(5)]), Verdict.SILENT, Cause.UNKNOWN, "no hicache_backup_tokens_total", id="cause-0.5.17-host-pool-with-room-for-R-is-not-pressure"),
+    pytest.param(record(rehost=CachedTokens(), snaps=[snap(host_used_tokens=30_000.0, host_total_tokens=48_001.0, max_total_num_tokens=40_000.0, evicted_tokens=1000.0 * i) for i in range(5)]), Verdict.SILENT, Cause.HOST_POOL_PRESSURE, "holds less than the device pool", id="cause-host-pool-smaller-than-device-plus-R-host-pressure"),
     pytest.param(record(rehost=CachedTokens(), snaps=counters(kv=(0, R, 2 * R), mamba=(0, 1, 11), mamba_host=(30, 30))), Verdict.SILENT, Cause.HOST_POOL_PRESSURE, "Mamba pool was full", id="cause-host-mamba-pool-full-host-pressure"),
     # A full host KV pool is normal under write_through (the report's filled to 592,658/709,577): not a cause alone.
-    pytest.param(record(rehost=CachedTokens(), snaps=counters(kv=(0, R, 2 * R), host=(990, 1000), mamba=(0, 1, 11))), Verdict.SILENT, Cause.LOAD_BACK_SKIPPED, "nothing was loaded back", id="cause-host-kv-pool-full-alone-is-not-pressure"),
+    pytest.param(record(rehost=CachedTokens(), snaps=counters(kv=(0, R, 2 * R), host=(990_000, 1_000_000), mamba=(0, 1, 11))), Verdict.SILENT, Cause.LOAD_BACK_SKIPPED, "nothing was loaded back", id="cause-host-kv-pool-full-alone-is-not-pressure"),
     pytest.param(record(rehost=CachedTokens(), snaps=counters(kv=(0, R, 2 * R), host=(990, 1000), mamba=(0, 0, 0))), Verdict.SILENT, Cause.MAMBA_STATE_NOT_BACKED_UP, "0 Mamba states", id="cause-mamba-missing-wins-over-a-full-host-kv-pool"),
     pytest.param(record(rehost=CachedTokens(), snaps=counters(kv=(0, R, 2 * R), mamba=(0, 0, 0), mamba_host=(30, 30))), Verdict.SILENT, Cause.MAMBA_STATE_NOT_BACKED_UP, "0 Mamba states", id="cause-mamba-missing-wins-over-a-full-mamba-pool"),
     # The probe's own filler: as many contexts after R as the host Mamba pool has states, each backed up.

@@ -42,6 +42,8 @@ Suspected cause of `silent` (counter deltas over the probe; first match wins, sp
   KV pool had less room left than R (what 0.5.17 exports: live, 6,144 of 14,336 from host with
   46,336 of 48,001 used). A full host KV pool alone is not: under write_through it fills up as a
   matter of course (the report's reached 592,658 of 709,577, with 116,919 free, above R's 40,960).
+  Also when the host pool is smaller than the device pool plus R (`--hicache-ratio` near 1): the
+  turnover that evicts R from the device backs up more than the host can hold beside R.
 - `load_back_skipped`: KV and Mamba backed up, no pressure, yet the rehost loaded nothing back.
 - `unknown`: none of the above, or the counters needed are missing (0.5.17 has no backup counter).
 """
@@ -256,6 +258,15 @@ def suspect_cause(record: ProbeRecord, rehost_host: float | None = None) -> tupl
         return Cause.HOST_POOL_PRESSURE, (
             f"the host pool was full when R was re-sent ({end.host_used_tokens:.0f} of {end.host_total_tokens:.0f} tokens, "
             f"{host_free:.0f} free, less than R's {r}), and only part of R came back from host"
+        )
+    device = end.max_total_num_tokens or facts.max_total_num_tokens
+    if end.host_total_tokens and device and end.host_total_tokens < device + r:
+        # Evicting R from the device takes about a device pool of newer contexts, and each of them is
+        # backed up (write_through at insert, write_back at eviction): a host pool smaller than that
+        # plus R has pushed R out of host by the time R comes back, for any workload, not just ours.
+        return Cause.HOST_POOL_PRESSURE, (
+            f"the host pool ({end.host_total_tokens:.0f} tokens) holds less than the device pool ({device:.0f}) plus R ({r}): "
+            f"whatever evicts R from the device also pushes it out of host (raise --hicache-ratio or --hicache-size)"
         )
     if kv_all is None or (mamba_all is None and facts.hybrid_model):
         return Cause.UNKNOWN, "this server exports no hicache_backup_tokens_total to tell why"
