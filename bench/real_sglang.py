@@ -373,22 +373,29 @@ def alive(pid: int) -> bool:
         return True
 
 
-def stop_group(pid: int, grace_s: float = 20.0) -> None:
-    """SIGTERM the process group we started (SGLang's scheduler and detokenizer are in it), then SIGKILL."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        end = time.monotonic() + wait
-        while time.monotonic() < end and alive(pid):
-            time.sleep(0.5)
-        if not alive(pid):
-            try:  # the leader is gone; take the rest of its group down too
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            return
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_groups(pids: list[int], grace_s: float = 20.0) -> None:
+    """SIGTERM the process groups we started (SGLang's scheduler and detokenizer are in them), then SIGKILL.
+
+    By group id, which is the PID we started with a session of its own: never by name (a `pkill -f`
+    pattern matches the caller's own shell too).
+    """
+    for pid in pids:
+        _signal_group(pid, signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and any(alive(pid) for pid in pids):
+        time.sleep(0.5)
+    for pid in pids:  # stragglers, and children whose leader already left
+        _signal_group(pid, signal.SIGKILL)
+    end = time.monotonic() + 5.0
+    while time.monotonic() < end and any(alive(pid) for pid in pids):
+        time.sleep(0.2)
 
 
 def log(msg: str) -> None:
@@ -461,8 +468,12 @@ class Run:
         state.setdefault("started_at", time.time())
         state["sglang_version"] = self.sglang_version()
         state["gpu_before"] = self.gpu_memory()
+        if any((self.out / "probes").glob("*/probe_*.json")):
+            log(f"warning: {self.out}/probes already holds probes of an earlier run; they count towards --probes")
         models = self.build_models({s.model for s in specs})
         for i, spec in enumerate(specs):
+            if i and self.args.stagger:
+                time.sleep(self.args.stagger)
             old = state["servers"].get(spec.name)
             if old and alive(old["pid"]):
                 log(f"{spec.name}: already running (pid {old['pid']}, port {old['port']})")
@@ -620,7 +631,7 @@ class Run:
             (edir / "metrics.txt").write_text(body if code == 200 else f"(GET /metrics: {code} {body})\n")
             log(f"exporter: {self.rounds_done((edir / 'api_targets.json').read_text())} rounds on every target")
         finally:
-            stop_group(p.pid, grace_s=10)
+            stop_groups([p.pid], grace_s=10)
         for name, srv in servers.items():
             self.snapshot_server(name, srv, "after_serve")
 
@@ -636,14 +647,17 @@ class Run:
 
     def stop(self) -> None:
         state = self.load()
+        running = {n: s for n, s in state["servers"].items() if alive(s["pid"])}
+        for name, srv in running.items():
+            if srv.get("healthy_at"):
+                self.snapshot_server(name, srv, "at_stop")
+        names = ", ".join(f"{n} (pid {s['pid']})" for n, s in running.items())
+        log(f"stopping {names or 'nothing'}")
+        stop_groups([s["pid"] for s in state["servers"].values()])
         for name, srv in state["servers"].items():
+            srv.setdefault("stopped_at", time.time())
             sdir = self.out / "servers" / name
-            if alive(srv["pid"]):
-                if srv.get("healthy_at"):
-                    self.snapshot_server(name, srv, "at_stop")
-                log(f"{name}: stopping pid {srv['pid']}")
-                stop_group(srv["pid"])
-            srv["stopped_at"] = time.time()
+            sdir.mkdir(parents=True, exist_ok=True)
             (sdir / "log_tail.txt").write_text(tail(sdir / "server.log"))
         state["gpu_after_stop"] = self.gpu_memory()
         self.save(state)
@@ -786,6 +800,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", default="", help="comma-separated server names from SERVERS (default all)")
     p.add_argument("--base-port", type=int, default=30001, help="first server's port; the others follow")
     p.add_argument("--mem-fraction", type=float, default=0.1, help="--mem-fraction-static of each server")
+    p.add_argument("--stagger", type=float, default=0.0, help="seconds between server starts (default 0: all at once)")
     p.add_argument("--health-timeout", type=float, default=420.0, help="seconds to wait for /health (first start compiles kernels)")
     p.add_argument("--probes", type=int, default=10, help="consecutive probes per server (default 10)")
     p.add_argument("--probe-timeout", type=float, default=180.0, help="seconds one probe may take")
