@@ -539,7 +539,8 @@ class Run:
     def healthy(self) -> dict[str, dict]:
         state = self.load()
         if any(not s.get("healthy_at") and not s.get("problem") for s in state["servers"].values()):
-            self.wait_healthy(self.args.health_timeout)
+            # start already waited its full timeout; a later call gives stragglers one more minute only
+            self.wait_healthy(min(60.0, self.args.health_timeout))
             state = self.load()
         return {n: s for n, s in state["servers"].items() if s.get("healthy_at") and alive(s["pid"])}
 
