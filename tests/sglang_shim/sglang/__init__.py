@@ -1,0 +1,1 @@
+__version__ = "simulator stand-in (tests/sglang_shim)"
