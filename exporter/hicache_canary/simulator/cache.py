@@ -418,10 +418,12 @@ class HiCache:
 
     def _backup_mamba(self, node: Node) -> None:
         if self.host_mamba_used >= self.cfg.host_mamba_states:
-            victims = [n for n in self.nodes() if n.mamba_host and n is not node]
+            # SGLang's host Mamba LRU holds only states whose device copy is gone (`evict_component`
+            # inserts a node there at its device tombstone); least recently matched first.
+            victims = [n for n in self.nodes() if n.mamba_host and not n.mamba_dev and n is not node]
             if not victims:
                 return
-            victim = min(victims, key=lambda n: n.mlast)  # the Mamba LRU: chunk states age first
+            victim = min(victims, key=lambda n: n.mlast)
             victim.mamba_host = False  # its host KV is now dead memory: the validator rejects it
             self.host_mamba_used -= 1
         node.mamba_host = True
