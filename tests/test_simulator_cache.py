@@ -17,7 +17,8 @@ def _tokens(rng: random.Random, n: int = CTX) -> tuple:
 
 
 def _serve(c: HiCache, tokens: tuple, chunk: int = 4096):
-    """One request as the engine runs it: match, lock, load back, reserve, insert, unlock."""
+    """One request as the engine runs it: (scheduler step) match, lock, load back, reserve, (step) insert, unlock."""
+    c.reap_acks()
     m = c.match(tokens)
     c.lock(m)
     if c.cfg.hicache:
@@ -25,7 +26,8 @@ def _serve(c: HiCache, tokens: tuple, chunk: int = 4096):
     need = len(tokens) - m.cached
     assert c.allocate(need)
     c.release(need)
-    c.insert(tokens, chunked=len(tokens) > chunk)
+    c.reap_acks()
+    c.insert(tokens, chunked=len(tokens) > chunk, match=m)
     c.unlock(m)
     return m
 
@@ -65,15 +67,25 @@ def test_hybrid_write_through_silently_loses_the_state_while_the_host_pool_grows
 
 def test_hybrid_write_back_backs_up_state_with_kv_at_eviction():
     c, _, rehost, again, _, _ = _probe(write_policy="write_back", hybrid=True, failure="mamba_state_not_backed_up")
-    assert rehost.loaded == 40896 and rehost.device_tokens == 0
+    # R = 10 chunks of 4096: states at each chunk end; the rehost may use at most 40,959 tokens, so it
+    # ends on the 9th chunk's state; it tracks a new one at 40,896 (the branching point) for `again`.
+    assert rehost.loaded == 36864 and rehost.device_tokens == 0
     assert again.device_tokens == 40896
-    assert c.stats.backup_tokens["mamba"] >= 1 and c.stats.load_back_tokens["mamba"] == 1
+    assert c.stats.backup_tokens["mamba"] >= 9 and c.stats.load_back_tokens["mamba"] == 9
 
 
 def test_fixed_build_write_through_reuses_hybrid_host_prefixes():
-    c, _, rehost, _, _, _ = _probe(write_policy="write_through", hybrid=True, failure="none")
-    assert rehost.loaded == 40896
-    assert c.stats.backup_tokens["mamba"] == 11  # KV and state go to host together at insert
+    # Every chunk node's state goes to host with its KV at insert (10 per 40K context): a host Mamba
+    # pool of 30 states holds three contexts, so give it room for the probe's twelve.
+    c, _, rehost, _, _, _ = _probe(write_policy="write_through", hybrid=True, failure="none", host_mamba_states=120)
+    assert rehost.loaded == 36864
+    assert c.stats.backup_tokens["mamba"] == 11 * 10
+
+
+def test_fixed_build_write_through_outgrows_a_small_host_mamba_pool_with_chunk_states():
+    c, _, rehost, _, _, _ = _probe(write_policy="write_through", hybrid=True, failure="none", host_mamba_states=30)
+    assert rehost.cached == 0  # R's ten states were pushed out by three 40K contexts' thirty
+    assert c.host_mamba_used == 30
 
 
 def test_chunked_prefills_are_never_backed_up_under_write_through():
@@ -151,3 +163,63 @@ def test_a_40k_request_costs_well_under_50ms_of_cpu_with_a_full_host_pool():
     _serve(c, r)
     _serve(c, r)
     assert (time.process_time() - t) / 2 < 0.05
+
+
+# --- What the live 0.5.17 server taught (tests/testdata/sglang/sglang-0.5.17-live) -------------------
+
+
+def _live(**kw) -> HiCache:
+    """The live servers' geometry: device 40,000, ratio 4, --chunked-prefill-size 2048, hybrid."""
+    return HiCache(CacheConfig(**{"device_tokens": 40000, "hicache": True, "host_tokens": 160000, "hybrid": True,
+                                  "failure": "none", "host_mamba_states": 128, "chunked_prefill_size": 2048, **kw}))
+
+
+@pytest.mark.parametrize(
+    "r_len, rehost, again",
+    [
+        pytest.param(16384, 14336, 16320, id="16384-consecutive-probes"),  # probe_write_through_second.json
+        pytest.param(16320, 14336, 16256, id="16320-first-probes"),  # consecutive-probes/README.md
+        pytest.param(6000, 5952, 5952, id="6000-earlier-run"),  # sglang-0.5.17-live/README.md table
+        pytest.param(1500, 1472, 1472, id="1500-earlier-run"),
+    ],
+)
+def test_hybrid_hits_stop_at_mamba_checkpoints_as_live(r_len, rehost, again):
+    c = _live()
+    rng = random.Random(r_len)
+    r = _tokens(rng, r_len)
+    _serve(c, r, chunk=2048)
+    for _ in range(5):
+        _serve(c, _tokens(rng, 8000), chunk=2048)
+    assert c.match(r).device_tokens == 0  # R left the device
+    m = _serve(c, r, chunk=2048)
+    assert (m.device_tokens, m.loaded) == (0, rehost)
+    assert _serve(c, r, chunk=2048).device_tokens == again
+
+
+def test_a_request_shorter_than_the_mamba_grain_caches_nothing():
+    c = _live()
+    _serve(c, _tokens(random.Random(1), 16))  # the live nudge: no forward reached a 64-token mark
+    assert c.device_used == 0 and c.host_used == 0
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective"])
+def test_write_through_locks_R_until_the_next_scheduler_step(policy):
+    """write-through-lock/README.md: R is counted used, not evictable, while the server idles."""
+    c = _live(write_policy=policy, hybrid=False)
+    rng = random.Random(2)
+    r = _tokens(rng, 8192)
+    _serve(c, _tokens(rng, 512))
+    for _ in range(2 if policy == "write_through_selective" else 1):  # selective backs up on the 2nd hit
+        _serve(c, r)
+    # The backup reached host at once (selective: the 512, seen once, never backs up).
+    assert c.host_used == (8192 if policy == "write_through_selective" else 512 + 8192)
+    assert (c.locked_tokens(), c.evictable_tokens()) == (8192, 512)  # idle: the ack is not reaped
+    assert c.reap_acks() == 8192  # any request (the live nudge: 16 tokens) is a scheduler step
+    assert (c.locked_tokens(), c.evictable_tokens()) == (0, 8704)
+    assert c.make_device_room(40000) and c.device_used == 0  # now R can leave the device
+
+
+def test_write_back_never_locks_at_insert():
+    c = _live(write_policy="write_back", hybrid=False)
+    _serve(c, _tokens(random.Random(3), 8192))
+    assert (c.locked_tokens(), c.evictable_tokens(), c.host_used) == (0, 8192, 0)

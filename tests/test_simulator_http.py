@@ -70,7 +70,10 @@ def _wait(pred, what: str, timeout: float = 10.0):
 def test_report_probe_reproduces_the_field_table(sim, policy, capsys):
     _, c = sim(*HYBRID_REPORT, "--hicache-write-policy", policy)
     rng = random.Random(42)
-    r = _ids(rng)
+    _gen(c, _ids(rng, 16))  # the report's server had served traffic: kernels warm (a hybrid 16 caches nothing)
+    # 40,950 tokens, not a multiple of 64 (a text prompt rarely is): its last Mamba checkpoint, 40,896,
+    # lies within the 40,949 a rehost may reuse. (40,960 would end its last state at 40,960: unusable.)
+    r = _ids(rng, 40950)
     cold_wall, cold = _gen(c, r)
     host_after_cold = _metric(c, "sglang:hicache_host_used_tokens")
     for _ in range(10):
@@ -251,3 +254,39 @@ def test_bad_flags_end_with_one_line_not_a_traceback():
                        text=True, timeout=30)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "--time-scale" in r.stderr and "Traceback" not in r.stderr
+
+
+LIVE = ("--enable-hierarchical-cache", "--enable-metrics", "--max-total-tokens", "40000", "--hicache-ratio", "4",
+        "--chunked-prefill-size", "2048", "--metrics-profile", "0.5.17")
+
+
+def _pool(c: httpx.Client) -> tuple:
+    return tuple(_metric(c, "sglang:" + n) for n in ("num_used_tokens", "kv_evictable_tokens", "kv_available_tokens",
+                                                     "hicache_host_used_tokens"))
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["dense", "hybrid"])
+def test_write_through_lock_table_of_the_live_server(sim, hybrid):
+    """write-through-lock/README.md: 512 tokens, an 8,192-token R, 2 s idle, then a 16-token request."""
+    _, c = sim(*LIVE, *(("--hybrid-model",) if hybrid else ()), time_scale=0.01)
+    rng = random.Random(5)
+    _gen(c, _ids(rng, 512))
+    assert _pool(c) == (512, 0, 39488, 512)  # the warm request itself is still locked
+    _gen(c, _ids(rng, 8192))
+    for _ in range(4):  # idle: no scheduler step reaps R's ack
+        assert _pool(c) == (8192, 512, 31296, 8704)
+        time.sleep(0.5)
+    _gen(c, _ids(rng, 16))  # any request is a scheduler step
+    # A hybrid model caches nothing of a 16-token request (no forward reaches a 64-token mark), as live;
+    # a dense one caches (and locks) its 16 tokens.
+    assert _pool(c) == ((0, 8704, 31296, 8704) if hybrid else (16, 8704, 31280, 8720))
+
+
+def test_a_fresh_servers_first_request_pays_warm_up(sim):
+    _, c = sim(*LIVE, "--hybrid-model", time_scale=0.01)
+    rng = random.Random(6)
+    first = _gen(c, _ids(rng, 16))[1]["e2e_latency"]
+    second = _gen(c, _ids(rng, 16))[1]["e2e_latency"]
+    assert first == pytest.approx(10.1, abs=0.05) and second == pytest.approx(0.1, abs=0.01)  # live: 10.2 s, then ~0.1 s
+    c.post("/_sim/restart", json={"args": ["--warmup-seconds", "3"]})
+    assert _gen(c, _ids(rng, 16))[1]["e2e_latency"] == pytest.approx(3.1, abs=0.05)  # a restart compiles again

@@ -83,11 +83,12 @@ async def test_write_through_hybrid_shows_the_silent_signature_on_every_rank():
     for rank in ("0", "1"):
         radix = (("cache_type", "UnifiedRadixCache"), ("dp_rank", "0"), ("pool", "kv"), ("pp_rank", "0"),
                  ("tp_rank", rank))
-        assert s[("sglang:hicache_backup_tokens_total", radix)] == 11 * 40896
+        # 40,960 = 10 chunks of 4,096: each context is cached up to its last Mamba state, its own end.
+        assert s[("sglang:hicache_backup_tokens_total", radix)] == 11 * 40960
     assert "sglang:load_back_tokens_total" not in text  # absent until the first load-back
     assert 'cache_source="host"' not in text
     host_used = [v for (n, _), v in s.items() if n == "sglang:hicache_host_used_tokens"]
-    assert host_used == [11 * 40896]  # scheduler gauges come from rank 0 only
+    assert host_used == [11 * 40960]  # scheduler gauges come from rank 0 only
 
 
 async def test_hicache_off_has_no_hicache_families_and_counts_evictions():

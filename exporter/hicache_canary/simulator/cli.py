@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="host Mamba pool slots (default 30; 4 under host_mamba_pool_small)")
     s.add_argument("--metrics-profile", choices=PROFILES, default="0.5.23")
     s.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per simulated second")
+    s.add_argument("--warmup-seconds", type=float, default=10.0,
+                   help="kernel warm-up paid by a fresh server's first request (simulated s; live 0.5.17: ~10)")
     s.add_argument("--latency-jitter", type=float, default=0.0, help="+- fraction of each request's latency")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--background-rps", type=float, default=0.0, help="the server's own traffic (simulated rps)")
@@ -77,7 +79,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_mamba_cache_size=args.max_mamba_cache_size, enable_metrics=args.enable_metrics,
         enable_cache_report=args.enable_cache_report, api_key=args.api_key,
         speculative_algorithm=args.speculative_algorithm, metrics_profile=args.metrics_profile,
-        time_scale=args.time_scale, latency_jitter=args.latency_jitter, seed=args.seed,
+        time_scale=args.time_scale, warmup_seconds=args.warmup_seconds, latency_jitter=args.latency_jitter, seed=args.seed,
         background_rps=args.background_rps, background_context_tokens=args.background_context_tokens, faults=faults,
     )
 

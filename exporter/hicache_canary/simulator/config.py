@@ -54,6 +54,9 @@ class SimConfig:
     speculative_algorithm: str | None = None
     metrics_profile: str = "0.5.23"
     time_scale: float = 1.0
+    # Live 0.5.17 (tests/testdata/sglang/sglang-0.5.17-live): a fresh server's 16-token first request took
+    # 10.2 s, a first probe's cold 10.7 s against 0.24 s on the next probe: kernels compile on first use.
+    warmup_seconds: float = 10.0
     latency_jitter: float = 0.0
     seed: int = 0
     background_rps: float = 0.0
@@ -74,6 +77,8 @@ class SimConfig:
                 problems.append(f"--{name.replace('_', '-')} must be at least 1")
         if self.time_scale <= 0:
             problems.append("--time-scale must be greater than 0")
+        if self.warmup_seconds < 0:
+            problems.append("--warmup-seconds must not be negative")
         if not 0 <= self.latency_jitter < 1:
             problems.append("--latency-jitter must be a fraction in [0, 1)")
         if self.hicache_host_tokens is not None and self.hicache_host_tokens < 0:
@@ -97,8 +102,11 @@ class SimConfig:
     def host_mamba_states(self) -> int:
         if self.hicache_mamba_states is not None:
             return self.hicache_mamba_states
-        # The 0.5.23 fixture's pool has 30 slots; the "too small" failure leaves room for a handful.
-        return 4 if self.hybrid_failure == "host_mamba_pool_small" else 30
+        # The "too small" failure leaves room for a handful. Otherwise SGLang's MambaPoolHost: the device
+        # Mamba pool times --hicache-ratio (the 0.5.23 fixture: 15 x 2 = 30 states).
+        if self.hybrid_failure == "host_mamba_pool_small":
+            return 4
+        return max(1, int(self.max_mamba_cache_size * self.hicache_ratio))
 
     @property
     def max_req_input_len(self) -> int:

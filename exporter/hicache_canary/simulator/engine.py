@@ -5,7 +5,12 @@ At most `max_running_requests` requests run; the rest wait in the queue, so `num
 device slots for the rest, then holds the GPU for its simulated prefill/decode time x `time_scale`;
 on success its tokens are inserted (and backed up per the write policy), on cancellation (client
 disconnect) they are released. Latency is calibrated to the field report: 40K cold ~15.4 s,
-load-back of 40K from host ~0.4 s in total, device hit ~0.1 s.
+load-back of 40K from host ~0.4 s in total, device hit ~0.1 s; a fresh server's first request also
+pays `warmup_seconds` of kernel warm-up (live 0.5.17: 10.2 s for a 16-token first request).
+
+Scheduler steps: SGLang reaps write-through acks (`check_hicache_events` -> `writing_check`) at the
+start of each scheduling pass and sleeps when idle, so a backup's lock lasts until the next request
+is admitted or another running request finishes. The engine reaps at exactly those two moments.
 """
 
 from __future__ import annotations
@@ -85,8 +90,9 @@ class Engine:
             device_tokens=cfg.max_total_tokens, page_size=cfg.page_size, hicache=cfg.enable_hierarchical_cache,
             host_tokens=cfg.host_tokens, write_policy=cfg.hicache_write_policy, hybrid=cfg.hybrid_model,
             failure=cfg.hybrid_failure if cfg.enable_hierarchical_cache else "none",
-            host_mamba_states=cfg.host_mamba_states,
+            host_mamba_states=cfg.host_mamba_states, chunked_prefill_size=cfg.chunked_prefill_size,
         ))
+        self.warm = False  # kernels compiled: only a fresh process's first request pays warm-up
         self.stats = EngineStats(hists={name: Hist(b) for name, b in bucket_bounds.items()})
         self.rng = random.Random(cfg.seed)
         self.running = 0
@@ -123,17 +129,22 @@ class Engine:
         queue_s = (time.monotonic() - t_arrive) / self.cfg.time_scale if must_wait else 0.0
         reserved, match = 0, None
         try:
+            self.cache.reap_acks()  # this request's admission is a scheduler step
             match, reserved = await self._admit(tokens, max_new_tokens)
             device, host = match.device_tokens, match.loaded
             uncached = len(tokens) - match.cached
             service = request_seconds(uncached, host, max_new_tokens)
             if self.cfg.latency_jitter:
                 service *= 1 + self.rng.uniform(-self.cfg.latency_jitter, self.cfg.latency_jitter)
+            if not self.warm:
+                self.warm = True
+                service += self.cfg.warmup_seconds
             async with self._gpu:
                 await asyncio.sleep(service * self.cfg.time_scale)
             self.cache.release(reserved)
             reserved = 0
-            self.cache.insert(tokens, chunked=len(tokens) > self.cfg.chunked_prefill_size)
+            self.cache.reap_acks()  # the step that finishes this request reaps what finished before it
+            self.cache.insert(tokens, chunked=len(tokens) > self.cfg.chunked_prefill_size, match=match)
         except asyncio.CancelledError:
             s.aborted += 1
             raise
