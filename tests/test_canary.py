@@ -7,6 +7,7 @@ prefill 4096) with R = 8192, at a time scale that keeps each probe well under a 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 
 import httpx
@@ -37,10 +38,14 @@ def settings(**kw) -> ProbeSettings:
     return ProbeSettings(**{"target": "sim", "context_tokens": R, "poll_interval_s": 0.05, "passive_wait_s": 2.0, "timeout_s": 30.0, **kw})
 
 
+SEEDS = itertools.count(7)
+
+
 async def probe(url: str, **kw):
     events: list[ProgressEvent] = []
     async with SGLangClient(url) as c:
-        rec = await run_probe(c, settings(**kw), progress=events.append, rng=random.Random(7))
+        # A new seed per probe, as in production (random.Random()): a repeated R would be a device hit.
+        rec = await run_probe(c, settings(**kw), progress=events.append, rng=random.Random(next(SEEDS)))
     return rec, events
 
 
@@ -60,13 +65,15 @@ async def test_write_back_hybrid_is_reused_with_every_token_accounted(sim) -> No
     # Pressure stops at what LRU needs, not a fixed 10x40K: never more than one chunk beyond it.
     assert rec.pressure.synthetic_tokens <= rec.pressure.planned_tokens + 4096
     # A fresh server: a short warm-up request first, so R's cold prefill does not pay kernel compilation.
-    assert rec.tokens_canary == WARMUP_TOKENS + 3 * R
+    # R is one more than a multiple of 64 on a hybrid model (its last Mamba state is then usable).
+    assert rec.context_tokens == R - 63
+    assert rec.tokens_canary == WARMUP_TOKENS + 3 * rec.context_tokens
     assert prompt_tokens_total(url) - before == rec.tokens_canary + rec.tokens_pressure
     assert [s.phase for s in rec.steps] == [Phase.WARMUP, Phase.COLD, Phase.PRESSURE, Phase.REHOST, Phase.AGAIN]
     assert events[-1].phase == "done" and events[-1].tokens_sent == rec.tokens_canary + rec.tokens_pressure
     # The next probe finds a server that has served requests: no warm-up.
     again, _ = await probe(url)
-    assert [s.phase for s in again.steps][0] == Phase.COLD and again.tokens_canary == 3 * R
+    assert [s.phase for s in again.steps][0] == Phase.COLD and again.tokens_canary == 3 * again.context_tokens
 
 
 @pytest.mark.parametrize(
@@ -106,12 +113,18 @@ REPORT_SHAPE = ("--enable-hierarchical-cache", "--enable-metrics", "--hybrid-mod
                 "--hicache-host-tokens", "176128", "--chunked-prefill-size", "2048", "--hybrid-failure", "none")
 
 
-@pytest.mark.parametrize("policy", ["write_through", "write_back"])
-async def test_report_geometry_on_a_healthy_build_is_reused(sim, policy) -> None:
+# Under write_through every prefill chunk of every filler context backs its Mamba state up at insert
+# (SGLang keeps one per chunk): turning this device pool over backs up ~43 states, more than the 30
+# the host Mamba pool holds, so R's state may be gone for a reason of the probe's own making. The
+# guard says so (inconclusive, naming the Mamba pool) instead of a silent that would page someone.
+@pytest.mark.parametrize("policy, verdict", [("write_through", Verdict.INCONCLUSIVE), ("write_back", Verdict.REUSED)])
+async def test_report_geometry_on_a_healthy_build(sim, policy, verdict) -> None:
     url = sim(*REPORT_SHAPE, "--hicache-write-policy", policy)
     for _ in range(2):  # the second probe starts with a full host pool, as the report's did
         rec, _ = await probe(url, context_tokens=10_166)
-        assert rec.verdict == Verdict.REUSED, rec.evidence
+        assert rec.verdict == verdict, rec.evidence
+        if verdict == Verdict.INCONCLUSIVE:
+            assert "host Mamba pool holds (30)" in rec.evidence
         assert rec.pressure.chunks < 15, rec.pressure
 
 
@@ -122,7 +135,9 @@ async def test_write_through_selective_primes_R_and_reuses(sim) -> None:
     assert [s.phase for s in rec.steps] == [Phase.WARMUP, Phase.COLD, Phase.PRIME, Phase.PRESSURE, Phase.REHOST, Phase.AGAIN]
     assert rec.step(Phase.PRIME).cached.device >= R - 64  # a cheap device hit
     assert rec.verdict == Verdict.REUSED, rec.evidence
-    assert rec.tokens_canary == WARMUP_TOKENS + 4 * R
+    # The prime is R plus 64 fresh tokens, so SGLang inserts (and counts a hit on) R's nodes again.
+    assert rec.step(Phase.PRIME).prompt_tokens == rec.context_tokens + 64
+    assert rec.tokens_canary == WARMUP_TOKENS + 4 * rec.context_tokens + 64
     assert prompt_tokens_total(url) - before == rec.tokens_canary + rec.tokens_pressure
 
 
@@ -250,7 +265,7 @@ async def test_server_errors_become_error_with_reason(sim, fault, reason) -> Non
 
 
 async def test_cancel_leaves_no_request_running(sim) -> None:
-    url = sim(*HYBRID, time_scale=1.0)  # a cold 8K prefill takes ~3 s: cancel in the middle
+    url = sim(*HYBRID, "--warmup-seconds", "0", time_scale=1.0)  # a cold 8K prefill takes ~3 s: cancel in the middle
     async with SGLangClient(url) as c:
         seen = asyncio.Event()
         task = asyncio.create_task(run_probe(c, settings(), progress=lambda e: seen.set() if e.phase == Phase.COLD else None))
@@ -284,7 +299,7 @@ class _QueueBuildsUp:
         queued = 5.0 if self.generated else 0.0
         return CounterSnapshot(num_queue_reqs=queued, num_running_reqs=1.0, kv_available_tokens=12000.0,
                                kv_evictable_tokens=2000.0, max_total_num_tokens=20000.0, evicted_tokens=0.0,
-                               prompt_tokens=1000.0 + sum(self.generated), host_used_tokens=0.0,  # has served traffic
+                               prompt_tokens=100_000.0 + sum(self.generated), host_used_tokens=0.0,  # has served traffic
                                host_total_tokens=40000.0)
 
     async def generate(self, input_ids, *, max_new_tokens=1, routed_dp_rank=None, timeout=300.0) -> GenerateResult:
@@ -297,6 +312,18 @@ async def test_filler_is_held_while_real_users_queue_and_the_probe_stops_before_
     server = _QueueBuildsUp()
     rec = await run_probe(server, settings(context_tokens=2000, passive_wait_s=0.2, poll_interval_s=0.02,
                                            busy_queue_threshold=2))
-    assert server.generated == [2000], "only R's cold prefill: no filler, no rehost, no again"
+    assert server.generated == [1985], "only R's cold prefill (2000 to 1985: 64k+1 on a hybrid model): no filler, no rehost, no again"
     assert rec.verdict == Verdict.SKIPPED_BUSY and rec.pressure.limited_by == "server_busy"
-    assert rec.tokens_canary == 2000 and rec.tokens_pressure == 0
+    assert rec.tokens_canary == 1985 and rec.tokens_pressure == 0
+
+
+async def test_a_fresh_servers_kernel_warm_up_never_lands_in_Rs_cold(sim) -> None:
+    """Live 0.5.17: a fresh server reads prompt_tokens_total 3 (SGLang's own start-up warm-up) and its
+    first real prompt still takes ~11 s of kernel compilation. The probe pays that with 64 tokens."""
+    url = sim(*HYBRID, "--hicache-write-policy", "write_back", "--warmup-seconds", "10", time_scale=0.01)
+    assert prompt_tokens_total(url) == 3  # the launcher's warm-up: counted, but it compiled nothing
+    rec, _ = await probe(url)
+    warm, cold = rec.step(Phase.WARMUP), rec.step(Phase.COLD)
+    assert warm is not None and warm.prompt_tokens == WARMUP_TOKENS
+    assert warm.latency_s >= 10 * 0.01  # the warm-up request paid the compilation
+    assert cold.latency_s < 5 * 0.01, f"R's cold {cold.latency_s:.3f} s carries the warm-up"

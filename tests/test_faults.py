@@ -174,7 +174,7 @@ async def test_connection_refused_then_the_server_comes_up() -> None:
 
 async def test_server_process_dies_mid_probe_then_is_restarted() -> None:
     port = free_port()
-    proc, url = start_simulator(*SIM, "--fault-down-after", "2", port=port, time_scale=0.05)  # after the warm-up and cold; slow enough that the rest outlasts the 50 ms exit
+    proc, url = start_simulator(*SIM, "--fault-down-after", "2", "--warmup-seconds", "0", port=port, time_scale=0.05)  # after the warm-up and cold; slow enough that the rest outlasts the 50 ms exit
     try:
         rec = await probe(url)
         assert (rec.verdict, rec.reason) == (Verdict.ERROR, ErrorReason.CONNECT_FAILED), rec.evidence

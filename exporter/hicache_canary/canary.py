@@ -45,6 +45,7 @@ from .pressure import (
     eviction_confirmed,
     next_move,
     plan_pressure,
+    prime_tail,
     r_sends,
     server_rate,
     turnover,
@@ -57,6 +58,7 @@ log = logging.getLogger("hicache_canary.canary")
 
 TOKEN_ID_RANGE = (1000, 30000)
 WARMUP_TOKENS = RADIX_GRAIN_TOKENS
+FRESH_PROMPT_TOKENS = 1024  # prompt tokens below which a server has served nothing but its own start-up warm-up
 ROUTER_EVIDENCE = "the target looks like a router (sgl-router/SMG): a rehost may land on another worker; probe the workers directly"
 # Plain words (one BPE token each in common tokenizers) for OpenAI-only servers.
 WORDS = (
@@ -233,10 +235,14 @@ class _Probe:
         return s
 
     def _fresh(self) -> bool:
-        """Has the server served nothing yet? Then its first request compiles kernels (live 0.5.17:
+        """Has the server served nothing real yet? Then its first request compiles kernels (live 0.5.17:
         10.2 s for 16 tokens, 0.1 s for 8,192 right after), and R's cold must not be that request.
-        Without metrics nothing tells, and a warm-up costs a few tokens: assume fresh."""
-        return self.first is None or not self.first.prompt_tokens
+
+        Not "no prompt tokens": SGLang's launcher sends a warm-up of its own (3 token ids, or a short
+        sentence, per DP rank) that counts but compiles too little; every live fresh server read
+        prompt_tokens_total 3 and then took 10.7-11.0 s for R. Without metrics nothing tells, and a
+        warm-up costs a few tokens: assume fresh."""
+        return self.first is None or (self.first.prompt_tokens or 0.0) < FRESH_PROMPT_TOKENS
 
     async def warm_up(self) -> None:
         self.emit(Phase.WARMUP, "first request of a fresh server: warming its kernels up before R")
@@ -259,22 +265,27 @@ class _Probe:
         n = max(1, int(tokens / self.tokens_per_word))
         return " ".join(self.rng.choice(WORDS) for _ in range(n))
 
-    async def send(self, ids: list[int] | None, tokens: int) -> GenerateResult:
-        """One request; `ids` is R's (or None for new filler of about `tokens` tokens)."""
+    async def send(self, ids: list[int] | None, tokens: int, tail: int = 0) -> GenerateResult:
+        """One request; `ids` is R's (or None for new filler of about `tokens` tokens), followed by
+        `tail` fresh tokens (R's prime on a hybrid model)."""
         if self.rec.api == "native":
             try:
-                res = await self.c.generate(ids or self.ids(tokens), routed_dp_rank=self.dp_rank, timeout=self.s.timeout_s)
+                prompt = (ids or self.ids(tokens)) + (self.ids(tail) if tail else [])
+                res = await self.c.generate(prompt, routed_dp_rank=self.dp_rank, timeout=self.s.timeout_s)
             except SGLangError as exc:
                 if self.s.api != "auto" or exc.status not in (404, 405) or self.sent > 0:
                     raise
                 self.rec.api = "openai"  # /generate not exposed here: OpenAI API only
-                return await self.send(ids, tokens)
+                return await self.send(ids, tokens, tail)
         else:
             if ids is not None and not self.r_text:
                 self.r_text = self.words(tokens)
             model = self.facts.served_model_name or self.facts.model_path
-            res = await self.c.completion(self.r_text if ids is not None else self.words(tokens), model=model, timeout=self.s.timeout_s)
-            if ids is not None and not self.calibrated and res.prompt_tokens > 0:
+            text = self.r_text if ids is not None else self.words(tokens)
+            if tail:
+                text += " " + self.words(tail)
+            res = await self.c.completion(text, model=model, timeout=self.s.timeout_s)
+            if ids is not None and not tail and not self.calibrated and res.prompt_tokens > 0:
                 self.tokens_per_word = res.prompt_tokens / len(self.r_text.split())
                 self.calibrated = True
         self.sent += res.prompt_tokens
@@ -284,7 +295,12 @@ class _Probe:
         self.emit(phase, "sending R")
         step = StepRecord(phase, before=before)
         self.rec.steps.append(step)
-        res = await self.send(self.r_ids, len(self.r_ids))
+        # The prime must make SGLang insert R again (its hit count grows while an insert walks R's
+        # nodes). On a hybrid model R already matches to its last Mamba state, one token short of
+        # its end, and an extension shorter than a checkpoint grain inserts nothing: so the prime
+        # is R plus one grain of fresh tokens, a child of R that LRU evicts before R itself.
+        tail = prime_tail(self.facts) if phase == Phase.PRIME else 0
+        res = await self.send(self.r_ids, len(self.r_ids), tail)
         step.latency_s, step.prompt_tokens, step.requests = res.latency_s, res.prompt_tokens, 1
         step.cached_tokens, step.cached = res.cached_tokens, _tiers(res)
         if phase == Phase.COLD:

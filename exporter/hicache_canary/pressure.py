@@ -76,12 +76,23 @@ def align_down(n: float, page: int) -> int:
 
 
 def clamp_context(settings: ProbeSettings, facts: ServerFacts) -> int:
-    """R's length: the asked-for context, within the server's input limit and half its device pool."""
+    """R's length: the asked-for context, within the server's input limit and half its device pool.
+
+    On a hybrid model, one more than a multiple of the Mamba checkpoint grain (max(64, page)). SGLang
+    keeps a Mamba state only at each prefill chunk's last 64-token mark, and a returning prompt may
+    match at most its length minus one: an R of 16,384 tokens with 2,048-token chunks can come back
+    only to 14,336 (live 0.5.17), and with chunks of R's own length or longer only to 0, a host
+    "miss" that says nothing about HiCache. With R = k * grain + 1 the last state is R's last-but-one
+    token, whatever the chunk size.
+    """
     limit = settings.context_tokens
     if facts.max_req_input_len:
         limit = min(limit, facts.max_req_input_len - CONTEXT_MARGIN_TOKENS)
     if facts.max_total_num_tokens:
         limit = min(limit, facts.max_total_num_tokens // 2)
+    if facts.hybrid_model:
+        grain = checkpoint_grain(facts)
+        limit = (limit - 1) // grain * grain + 1 if limit > grain else limit
     return max(0, limit)
 
 
@@ -290,6 +301,16 @@ def next_chunk(plan: PressurePlan, remaining_tokens: float, synthetic_sent: int,
     return max(0, min(plan.chunk_tokens, want, left_in_cap))
 
 
+def checkpoint_grain(facts: ServerFacts) -> int:
+    """Granularity of a hybrid model's Mamba checkpoints: 64 tokens, or the page when larger."""
+    return max(RADIX_GRAIN_TOKENS, facts.page_size or 1)
+
+
+def prime_tail(facts: ServerFacts) -> int:
+    """Fresh tokens after R in write_through_selective's prime (canary.send_r says why)."""
+    return checkpoint_grain(facts) if facts.hybrid_model else 0
+
+
 def r_sends(facts: ServerFacts) -> int:
     """How often a probe sends R: cold, rehost, again, plus the prime on write_through_selective."""
     return 4 if facts.write_policy == "write_through_selective" else 3
@@ -305,4 +326,5 @@ def estimate_probe_tokens(settings: ProbeSettings, facts: ServerFacts, snapshot:
         need = align_up(_pool(facts, snapshot) or r, page)
     pool = _pool(facts, snapshot) or need
     cap = settings.max_pressure_tokens if settings.max_pressure_tokens is not None else DEFAULT_CAP_POOLS * max(pool, need)
-    return r_sends(facts) * r + min(need, cap)
+    prime = prime_tail(facts) if facts.write_policy == "write_through_selective" else 0
+    return r_sends(facts) * r + prime + min(need, cap)

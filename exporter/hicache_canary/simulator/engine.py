@@ -28,6 +28,8 @@ BASE_S = 0.1  # scheduling + one decode step: a full device hit answers in ~0.1 
 PREFILL_S_PER_TOKEN = (15.4 - BASE_S) / 40960  # cold 40K prefill ~15.4 s
 LOAD_BACK_S_PER_TOKEN = 0.3 / 40960  # H->D copy: a 40K rehost from host ~0.4 s in total
 DECODE_S_PER_TOKEN = 1 / 48.3  # the 0.5.23 fixture's gen_throughput
+STARTUP_WARMUP_IDS = (10, 11, 12)
+STARTUP_WARMUP_NEW_TOKENS = 8
 
 
 def request_seconds(uncached: int, host: int, new_tokens: int) -> float:
@@ -102,6 +104,11 @@ class Engine:
         self._freed = asyncio.Event()
         self._seq = 0
         self.started_at = time.time()
+        # SGLang's launcher sends one warm-up request of its own before it reports healthy
+        # (0.5.17 http_server._execute_server_warmup: input_ids [10, 11, 12], max_new_tokens 8). It shows
+        # in the tokenizer's counters but is too short to compile what a real prompt needs: live, every
+        # fresh server read prompt_tokens_total 3, and its first 16,384-token prompt still took 11.0 s.
+        self._account(len(STARTUP_WARMUP_IDS), STARTUP_WARMUP_NEW_TOKENS, 0, 0, len(STARTUP_WARMUP_IDS), 0.0, 0.0, 0.0, False)
 
     def _observe(self, name: str, v: float) -> None:
         h = self.stats.hists.get(name)
