@@ -19,11 +19,13 @@ from procs import Proc, free_port, require_binary
 
 
 def start_prometheus(
-    config_path: Path, *, port: int | None = None, name: str = "prometheus", extra_args: tuple[str, ...] = ()
+    config_path: Path, *, port: int | None = None, name: str = "prometheus", extra_args: tuple[str, ...] = (),
+    data_dir: Path | None = None,
 ) -> tuple[Proc, str]:
+    """Prometheus on `config_path`; `data_dir` holds TSDB blocks to start from (a fresh one otherwise)."""
     binary = require_binary("prometheus")
     port = port or free_port()
-    data = tempfile.mkdtemp(prefix="prom-data-")
+    data = str(data_dir) if data_dir else tempfile.mkdtemp(prefix="prom-data-")
     argv = [
         binary,
         f"--config.file={config_path}",
