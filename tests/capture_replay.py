@@ -125,6 +125,7 @@ def replay_config(out_dir: Path) -> Path:
 class Replay:
     prom: Proc
     url: str
+    start: float  # the replayed time of the first scrape
     end: float  # the replayed time of the last scrape
     targets: list[str] = field(default_factory=list)
 
@@ -146,4 +147,4 @@ def start_replay(capture: str = CAPTURE_0517, targets: dict[int, str] = TARGETS_
     if made.returncode != 0:
         raise RuntimeError(f"promtool could not build blocks from {om}:\n{made.stdout}{made.stderr}")
     prom, url = start_prometheus(replay_config(work), name="prometheus-replay", data_dir=data)
-    return Replay(prom, url, scrapes[-1].at + shift, sorted(targets.values()))
+    return Replay(prom, url, scrapes[0].at + shift, scrapes[-1].at + shift, sorted(targets.values()))

@@ -132,6 +132,16 @@ def prom_query(prom_url: str, expr: str, at: float | None = None) -> list[dict]:
     return body["data"]["result"]
 
 
+def prom_query_range(prom_url: str, expr: str, start: float, end: float, step: float) -> list[dict]:
+    """Range query, as a Grafana time series panel asks; raises with Prometheus's error text."""
+    params = {"query": expr, "start": str(start), "end": str(end), "step": str(step)}
+    r = httpx.get(prom_url + "/api/v1/query_range", params=params, timeout=10)
+    body = r.json()
+    if body.get("status") != "success":
+        raise AssertionError(f"query failed: {expr!r}: {body.get('errorType')}: {body.get('error')}")
+    return body["data"]["result"]
+
+
 def wait_prom(prom_url: str, expr: str, timeout: float, what: str) -> list[dict]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
