@@ -22,6 +22,7 @@ Moving the capture in time also moves the exporter's values that are wall-clock 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import tarfile
 import tempfile
@@ -127,10 +128,12 @@ class Replay:
     url: str
     start: float  # the replayed time of the first scrape
     end: float  # the replayed time of the last scrape
+    work: Path  # the OpenMetrics file and the TSDB, removed by stop()
     targets: list[str] = field(default_factory=list)
 
     def stop(self) -> None:
         self.prom.stop()
+        shutil.rmtree(self.work, ignore_errors=True)
 
 
 def start_replay(capture: str = CAPTURE_0517, targets: dict[int, str] = TARGETS_0517, *, lag: int = 5) -> Replay:
@@ -147,4 +150,4 @@ def start_replay(capture: str = CAPTURE_0517, targets: dict[int, str] = TARGETS_
     if made.returncode != 0:
         raise RuntimeError(f"promtool could not build blocks from {om}:\n{made.stdout}{made.stderr}")
     prom, url = start_prometheus(replay_config(work), name="prometheus-replay", data_dir=data)
-    return Replay(prom, url, scrapes[0].at + shift, scrapes[-1].at + shift, sorted(targets.values()))
+    return Replay(prom, url, scrapes[0].at + shift, scrapes[-1].at + shift, work, sorted(targets.values()))
