@@ -10,6 +10,12 @@ Query conventions (see docs/dashboards.md):
 - Radix-cache counters repeat on every TP rank: `max by (..., dp_rank)` over ranks, then sum the DP
   ranks. Scheduler series come from `tp_rank="0"` (other ranks report zeros or nothing).
 - Ratios are ratios of rates over `$__rate_interval`, with the denominator guarded by `> 0`.
+- Two SGLang metric generations (tests/testdata/sglang): 0.5.23 and 0.5.17. A panel built on a family
+  0.5.17 lacks falls back, `or on (target)`, to 0.5.17's nearest equivalent for the targets without
+  `sglang:prefill_effective_tokens_total` (0.5.23 pre-creates it); where there is none, the target gets
+  a NaN series whose `note` label says "not exported by this SGLang version", so the legend states
+  why the line is missing instead of leaving a blank. tests/test_e2e_replay_0517.py replays a live
+  0.5.17 capture and fails on a blank without such a note.
 """
 
 from __future__ import annotations
@@ -84,11 +90,52 @@ def none_yet(label: str) -> str:
     return f'label_replace({base}, "{label}", "(none yet)", "", "")'
 
 
-def hist_quantiles(metric: str, by: str = "target") -> list["Q"]:
+# 0.5.23 pre-creates this scheduler counter at 0; 0.5.17 has no such family. (Its presence is all
+# that matters; read through a range like every counter.)
+NEWER = f"count_over_time(sglang:prefill_effective_tokens_total{{{T}}}{RI})"
+NOTE = "{{note}}"
+
+
+def older_only(expr: str) -> str:
+    """expr for the targets of the older metric generation (0.5.17) only."""
+    return f"({expr}) unless on (target) {NEWER}"
+
+
+def not_exported() -> str:
+    """A NaN series (nothing drawn) per 0.5.17-generation target, its `note` saying why.
+
+    Only for families with no 0.5.17 equivalent; a family 0.5.17 does export but creates on first
+    use (cached_tokens_total{cache_source}) is "none yet", never this.
+    """
+    base = f'NaN * max by (target) (sglang:num_running_reqs{{{T},tp_rank="0"}})'
+    return f'label_replace({older_only(base)}, "note", "not exported by this SGLang version", "", "")'
+
+
+def host_growth() -> str:
+    """Growth rate of the host pool (0 while it holds or shrinks): 0.5.17's only sign of backups."""
+    return (f'sum by (target) (max by (target, dp_rank) (clamp_min(deriv(sglang:hicache_host_used_tokens{{{T},tp_rank="0"}}{RI}), 0)))')
+
+
+def hist_quantiles(metric: str, by: str = "target", fallback: str = "") -> list["Q"]:
+    tail = f" or on (target) {fallback}" if fallback else ""
+    legend = " " + NOTE if fallback else ""
     return [
-        Q(f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket{{{T}}}{RI})))", f"{{{{target}}}} p{int(q * 100)}")
+        Q(f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket{{{T}}}{RI}))){tail}",
+          f"{{{{target}}}} p{int(q * 100)}{legend}")
         for q in (0.5, 0.9, 0.99)
     ]
+
+
+def tier_share(mode: str, cache_source: str) -> str:
+    """Share of prefill tokens served by one tier: the scheduler's per-tier counter on 0.5.23; on
+    0.5.17 the tokenizer's cached tokens of that tier over its prompt tokens (0 while the tier's
+    child has not been created by a first hit)."""
+    newer = (f'sum by (target) (rate(sglang:prefill_effective_tokens_total{{{T},tp_rank="0",mode="{mode}"}}{RI}))'
+             f' / (sum by (target) (rate(sglang:prefill_effective_tokens_total{{{T},tp_rank="0"}}{RI})) > 0)')
+    prompt = f"sum by (target) (rate(sglang:prompt_tokens_total{{{T}}}{RI}))"
+    older = (f'(sum by (target) (rate(sglang:cached_tokens_total{{{T},cache_source="{cache_source}"}}{RI})) or on (target) 0 * {prompt})'
+             f" / ({prompt} > 0)")
+    return f"{newer} or on (target) {older_only(older)}"
 
 
 @dataclass
@@ -331,9 +378,14 @@ def hicache_canary() -> dict[str, Any]:
           thresholds=[(None, "green"), (3600, "yellow"), (4 * 3600, "red")]),
         P("Last error reason",
           "The bounded reason of the last probe that ended in error (connect_failed, timeout, http_5xx, "
-          "unauthorized, target_is_router, ...). Empty while no probe has failed.",
-          [Q(f"hicache_canary_last_error_reason{{{T}}} == 1", "{{target}}: {{reason}}", instant=True)],
-          kind="stat", unit="none", w=8, h=5, color_mode="fixed"),
+          "unauthorized, target_is_router, ...); it stays after later probes succeed. 'none since the "
+          "exporter started' while no probe has failed.",
+          [Q(f"hicache_canary_last_error_reason{{{T}}} == 1 or on (target) "
+             f'label_replace(0 * max by (target) (hicache_canary_consecutive_errors{{{T}}}), "reason", "none since the exporter started", "", "")',
+             "{{target}}: {{reason}}", instant=True)],
+          kind="stat", unit="none", w=8, h=5, color_mode="thresholds", thresholds=[(None, "green"), (1, "orange")],
+          mappings=[{"type": "value", "options": {"0": {"text": "no error", "color": "green", "index": 0},
+                                                  "1": {"text": "last error", "color": "orange", "index": 1}}}]),
         P("Errors in a row and probes since conclusive",
           "Probes in a row that ended in error (hicache_canary_consecutive_errors; HiCacheCanaryFailing "
           "at 3) and probes since the last conclusive verdict (hicache_canary_probes_since_conclusive; "
@@ -386,15 +438,20 @@ def hicache_canary() -> dict[str, Any]:
         P("Host Mamba states used and total",
           "Hybrid models only: host slots for Mamba/SSM states. KV on host is unusable without a state at "
           "its boundary, so a small, full state pool turns the host KV pool into dead memory "
-          "(suspected cause host_pool_pressure).",
-          [Q(sched("sglang:hicache_host_mamba_used_states"), "{{target}} used"),
-           Q(sched("sglang:hicache_host_mamba_total_states"), "{{target}} total")],
+          "(suspected cause host_pool_pressure). SGLang 0.5.17 exports no host Mamba gauges: its "
+          "targets are listed as 'not exported by this SGLang version'.",
+          [Q(f"{sched('sglang:hicache_host_mamba_used_states')} or on (target) {not_exported()}", "{{target}} used " + NOTE),
+           Q(f"{sched('sglang:hicache_host_mamba_total_states')} or on (target) {not_exported()}", "{{target}} total " + NOTE)],
           unit="short", w=12, min=0, axis_label="states"),
         P("Device to host backups by pool",
           "Tokens (slots for pool=mamba) written from device to host per second "
           "(sglang:hicache_backup_tokens_total). KV backups with almost no mamba backups on a hybrid "
-          "model is the late-attached Mamba state problem.",
-          [Q(radix_rate("sglang:hicache_backup_tokens_total", "pool"), "{{target}} {{pool}}")],
+          "model is the late-attached Mamba state problem. SGLang 0.5.17 counts no backups: there the "
+          "host pool's growth rate stands in (a lower bound: backups that replace evicted host entries "
+          "do not show). '(none yet)': no backup since the server started.",
+          [Q(f"{radix_rate('sglang:hicache_backup_tokens_total', 'pool')} or on (target) "
+             f'label_replace({older_only(host_growth())}, "pool", "host pool growth (this SGLang version counts no backups)", "", "")'
+             f" or on (target) {none_yet('pool')}", "{{target}} {{pool}}")],
           unit="short", w=12, axis_label="tokens/s"),
         P("Host to device load-backs by pool",
           "Tokens loaded back from host per second (sglang:load_back_tokens_total). SGLang creates the "
@@ -411,17 +468,20 @@ def hicache_canary() -> dict[str, Any]:
         P("Share of prefill served by tier",
           "Of all prefill tokens over the window, the share served from the host tier and from the device "
           "tier (sglang:prefill_effective_tokens_total, rate-based: sum(rate(hit)) / sum(rate(all modes))). "
+          "SGLang 0.5.17 has no such counter: there, cached prompt tokens of the tier over all prompt "
+          "tokens (sglang:cached_tokens_total{cache_source} / sglang:prompt_tokens_total). "
           "Host share stuck at 0 while the host pool fills means the host tier is never hit.",
-          [Q(f'sum by (target) (rate(sglang:prefill_effective_tokens_total{{{T},tp_rank="0",mode="host_hit"}}{RI}))'
-             f' / (sum by (target) (rate(sglang:prefill_effective_tokens_total{{{T},tp_rank="0"}}{RI})) > 0)', "{{target}} host"),
-           Q(f'sum by (target) (rate(sglang:prefill_effective_tokens_total{{{T},tp_rank="0",mode="device_hit"}}{RI}))'
-             f' / (sum by (target) (rate(sglang:prefill_effective_tokens_total{{{T},tp_rank="0"}}{RI})) > 0)', "{{target}} device")],
+          [Q(tier_share("host_hit", "host"), "{{target}} host"),
+           Q(tier_share("device_hit", "device"), "{{target}} device")],
           unit="percentunit", w=12, min=0, max=1),
         P("Cached prompt tokens by tier",
           "Prompt tokens of finished requests that came from cache, per tier (sglang:cached_tokens_total"
-          "{cache_source}), next to all prompt tokens. A host line that never appears is what SGLang "
-          "issue #33713 reported.",
-          [Q(f"sum by (target, cache_source) (rate(sglang:cached_tokens_total{{{T}}}{RI}))", "{{target}} {{cache_source}}"),
+          "{cache_source}), next to all prompt tokens. SGLang creates each tier's series on its first "
+          "hit: '(none yet)' means no cache hit since the server started. A host line that never "
+          "appears is what SGLang issue #33713 reported.",
+          [Q(f"sum by (target, cache_source) (rate(sglang:cached_tokens_total{{{T}}}{RI})) or on (target) "
+             f'label_replace(0 * sum by (target) (rate(sglang:prompt_tokens_total{{{T}}}{RI})), "cache_source", "(none yet)", "", "")',
+             "{{target}} {{cache_source}}"),
            Q(f"sum by (target) (rate(sglang:prompt_tokens_total{{{T}}}{RI}))", "{{target}} all prompt tokens")],
           unit="short", w=12, axis_label="tokens/s"),
 
@@ -518,8 +578,9 @@ def sglang_overview() -> dict[str, Any]:
           "Whole-request latency quantiles (sglang:e2e_request_latency_seconds).",
           hist_quantiles("sglang:e2e_request_latency_seconds"), unit="s", w=8),
         P("Inter-token latency",
-          "Time between generated tokens, quantiles (sglang:inter_token_latency_seconds).",
-          hist_quantiles("sglang:inter_token_latency_seconds"), unit="s", w=8),
+          "Time between generated tokens, quantiles (sglang:inter_token_latency_seconds). SGLang 0.5.17 "
+          "has no such histogram: its targets are listed as 'not exported by this SGLang version'.",
+          hist_quantiles("sglang:inter_token_latency_seconds", fallback=not_exported()), unit="s", w=8),
         Row("Memory and cache"),
         P("Device token usage",
           "Share of the device KV pool in use (sglang:token_usage: the max over the full, SWA and "
@@ -529,10 +590,14 @@ def sglang_overview() -> dict[str, Any]:
           unit="percentunit", w=8, min=0, max=1),
         P("Prefix cache hit rate",
           "Share of prefill tokens served from any cache tier over the window, from counters "
-          "(sum(rate(*_hit)) / sum(rate(all modes)) of sglang:prefill_effective_tokens_total), not "
-          "the per-batch sglang:cache_hit_rate gauge or a lifetime ratio.",
+          "(sum(rate(*_hit)) / sum(rate(all modes)) of sglang:prefill_effective_tokens_total; on SGLang "
+          "0.5.17, which lacks it, prefill_cache over prefill_cache + prefill_compute of "
+          "sglang:realtime_tokens_total), not the per-batch sglang:cache_hit_rate gauge or a lifetime ratio.",
           [Q(f'sum by (target) (rate(sglang:prefill_effective_tokens_total{{{T},tp_rank="0",mode=~".+_hit"}}{RI}))'
-             f' / (sum by (target) (rate(sglang:prefill_effective_tokens_total{{{T},tp_rank="0"}}{RI})) > 0)')],
+             f' / (sum by (target) (rate(sglang:prefill_effective_tokens_total{{{T},tp_rank="0"}}{RI})) > 0)'
+             " or on (target) "
+             + older_only(f'sum by (target) (rate(sglang:realtime_tokens_total{{{T},tp_rank="0",mode="prefill_cache"}}{RI}))'
+                          f' / (sum by (target) (rate(sglang:realtime_tokens_total{{{T},tp_rank="0",mode=~"prefill_cache|prefill_compute"}}{RI})) > 0)'))],
           unit="percentunit", w=8, min=0, max=1),
         P("Host tier (HiCache) pool",
           "Host KV pool used and total (rank 0). Details and the reuse verdict: the HiCache canary dashboard.",

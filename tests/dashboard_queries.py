@@ -39,6 +39,17 @@ def iter_panel_queries(dashboard_json: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def iter_panel_targets(dashboard_json: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(panel_title, expr, instant) for every query target: instant ones are drawn at "now" only,
+    the others over the dashboard's time range."""
+    out: list[tuple[str, str, bool]] = []
+    for panel in iter_panels(dashboard_json):
+        for target in panel.get("targets", []):
+            if target.get("expr"):
+                out.append((panel.get("title", ""), target["expr"], bool(target.get("instant"))))
+    return out
+
+
 def iter_annotation_queries(dashboard_json: dict[str, Any]) -> list[tuple[str, str]]:
     """(annotation name, expr) for every Prometheus annotation (legacy top-level expr or target.expr)."""
     out = []

@@ -19,11 +19,13 @@ from procs import Proc, free_port, require_binary
 
 
 def start_prometheus(
-    config_path: Path, *, port: int | None = None, name: str = "prometheus", extra_args: tuple[str, ...] = ()
+    config_path: Path, *, port: int | None = None, name: str = "prometheus", extra_args: tuple[str, ...] = (),
+    data_dir: Path | None = None,
 ) -> tuple[Proc, str]:
+    """Prometheus on `config_path`; `data_dir` holds TSDB blocks to start from (a fresh one otherwise)."""
     binary = require_binary("prometheus")
     port = port or free_port()
-    data = tempfile.mkdtemp(prefix="prom-data-")
+    data = str(data_dir) if data_dir else tempfile.mkdtemp(prefix="prom-data-")
     argv = [
         binary,
         f"--config.file={config_path}",
@@ -124,6 +126,16 @@ def prom_query(prom_url: str, expr: str, at: float | None = None) -> list[dict]:
     if at is not None:
         params["time"] = str(at)
     r = httpx.get(prom_url + "/api/v1/query", params=params, timeout=10)
+    body = r.json()
+    if body.get("status") != "success":
+        raise AssertionError(f"query failed: {expr!r}: {body.get('errorType')}: {body.get('error')}")
+    return body["data"]["result"]
+
+
+def prom_query_range(prom_url: str, expr: str, start: float, end: float, step: float) -> list[dict]:
+    """Range query, as a Grafana time series panel asks; raises with Prometheus's error text."""
+    params = {"query": expr, "start": str(start), "end": str(end), "step": str(step)}
+    r = httpx.get(prom_url + "/api/v1/query_range", params=params, timeout=10)
     body = r.json()
     if body.get("status") != "success":
         raise AssertionError(f"query failed: {expr!r}: {body.get('errorType')}: {body.get('error')}")

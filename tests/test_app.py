@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry
 from hicache_canary.app import create_app
 from hicache_canary.collector import CanaryCollector
 from hicache_canary.config import load_settings
-from hicache_canary.models import CachedTokens, Phase, ProbeRecord, StepRecord, Verdict
+from hicache_canary.models import CachedTokens, ErrorReason, Phase, PressureRecord, ProbeRecord, StepRecord, Verdict
+from hicache_canary.next_step import explain
 from hicache_canary.scheduler import Scheduler
 
 TOKEN = "probe-token-abcdef123456"
@@ -178,3 +179,76 @@ def test_pages_answer_before_any_probe(path):
     app, _, _ = build()
     with TestClient(app) as c:
         assert c.get(path).status_code == 200
+
+
+class Sequence:
+    """A probe function that ends each probe with the next verdict of a list (the last one repeats).
+
+    not_evicted is shaped like the live SGLang 0.5.17 write_through probes (consecutive-probes/
+    README.md): the counters suggested R was evicted while filler was sent, the rehost still hit
+    14,336 of 16,320 tokens on device.
+    """
+
+    def __init__(self, verdicts: list[Verdict]):
+        self.verdicts = verdicts
+        self.calls = 0
+
+    async def __call__(self, client, settings, *, progress=None):
+        verdict = self.verdicts[min(self.calls, len(self.verdicts) - 1)]
+        self.calls += 1
+        r = ProbeRecord(target=settings.target, started_at=time.time() - 1, finished_at=time.time(),
+                        context_tokens=16384, verdict=verdict)
+        r.pressure = PressureRecord(planned_tokens=23616, synthetic_tokens=23637, chunks=3, eviction_confirmed=True)
+        device, host = (14336, 0) if verdict == Verdict.NOT_EVICTED else (0, 14336)
+        r.evidence = f"rehost hit {device} on device and {host} from host"
+        r.steps = [StepRecord(Phase.COLD, latency_s=0.2, prompt_tokens=16384),
+                   StepRecord(Phase.REHOST, latency_s=0.04, prompt_tokens=16384, cached=CachedTokens(device, host, 0))]
+        return r
+
+
+def _probe_n(c, sched, n: int) -> None:
+    done = sum(sched.snapshot()["sglang"].probes_total.values())
+    for i in range(1, n + 1):
+        until(lambda: c.post("/api/probe/sglang", headers=auth()).status_code == 202)
+        until(lambda: sum(sched.snapshot()["sglang"].probes_total.values()) == done + i and not sched.snapshot()["sglang"].in_progress)
+
+
+def test_not_evicted_probes_are_explained_counted_and_never_reported_as_evicted():
+    probe = Sequence([Verdict.NOT_EVICTED])
+    app, sched, _ = build(gate=probe)
+    with TestClient(app) as c:
+        _probe_n(c, sched, 3)
+        last = c.get("/api/targets/sglang").json()["last"]
+        # the counters' guess stays visible, but the verdict decides what "confirmed" says
+        assert last["verdict"] == "not_evicted"
+        assert last["pressure"]["eviction_confirmed"] is False and last["pressure"]["counters_suggested_eviction"] is True
+        html = c.get("/").text
+        assert "R was still on the device after the pressure" in html and "raise max_pressure_tokens" in html
+        assert "none yet (3 inconclusive probes so far)" in html  # what HiCacheCanaryInconclusive counts
+
+
+def test_status_page_counts_inconclusive_probes_since_the_last_conclusive_one_and_explains_errors():
+    probe = Sequence([Verdict.REUSED, Verdict.NOT_EVICTED, Verdict.SKIPPED_BUSY])
+    app, sched, _ = build(gate=probe)
+    with TestClient(app) as c:
+        _probe_n(c, sched, 1)
+        html = c.get("/").text
+        assert "reused x1<" in html and 'class="next"' not in html  # a conclusive verdict needs no next step
+        assert c.get("/api/targets/sglang").json()["last"]["pressure"]["eviction_confirmed"] is True
+        _probe_n(c, sched, 2)
+        html = c.get("/").text
+        # a skip is not a probe (HiCacheCanaryInconclusive does not count it either)
+        assert "reused x1 (1 inconclusive probe since)" in html
+        assert "Real users were queueing" in html
+
+
+def test_every_verdict_without_a_verdict_about_hicache_has_a_next_step():
+    for verdict in Verdict:
+        rec = ProbeRecord(target="t", started_at=0.0, verdict=verdict)
+        line = explain(rec)
+        assert (line is None) == verdict.conclusive, verdict
+        if line is not None and verdict != Verdict.ERROR:
+            assert "Next:" in line
+    for reason in ErrorReason:
+        line = explain(ProbeRecord(target="t", started_at=0.0, verdict=Verdict.ERROR, reason=reason))
+        assert f"({reason.value})" in line and "Next:" in line and "read the exporter log" not in line

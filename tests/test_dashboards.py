@@ -7,7 +7,7 @@ Three kinds of check:
   enum value.
 - PromQL: every panel and annotation query parses (promtool, on a rules file made of them), uses
   `$__rate_interval` for every range, only reads counters through a range, and only names series that
-  exist: the exporter's contract table in README.md or SGLang 0.5.23's real /metrics fixture.
+  exist: the exporter's contract table in README.md or SGLang's real /metrics (0.5.23 and 0.5.17).
 - House rules: unique uids, a description on every panel, datasources only through `${datasource}`,
   units, the `$target` variable everywhere, no `sglang_` prefix.
 """
@@ -41,6 +41,7 @@ from dashboard_queries import (
 from fixtures import SGLANG
 
 FIXTURES = SGLANG / "sglang-0.5.23"
+FIXTURES_0517 = SGLANG / "sglang-0.5.17-live"
 PROMETHEUS_BUILTIN = {"ALERTS", "ALERTS_FOR_STATE", "up"}
 # Prometheus annotation fields Grafana's prometheus plugin reads from the annotation itself; the
 # generic AnnotationQuery schema leaves datasource-specific keys open, so the SDK does not model them.
@@ -300,7 +301,8 @@ def _readme_metric_names() -> set[str]:
 
 def _fixture_metric_names() -> set[str]:
     names: set[str] = set()
-    for f in FIXTURES.glob("metrics_*.txt"):
+    # Both generations a panel reads: 0.5.23 (SGLang's own collectors) and 0.5.17 (live servers).
+    for f in [*FIXTURES.glob("metrics_*.txt"), *FIXTURES_0517.glob("**/sglang_metrics_*.txt")]:
         text = f.read_text()
         names |= set(re.findall(r"^(sglang:[a-zA-Z0-9_:]+)", text, re.M))
         # SGLang's own HELP text names families that appear on first increment only (the dropped
@@ -321,7 +323,7 @@ def test_metric_names_exist_in_the_contract_or_sglangs_real_output(dashboards):
             names = metric_names(expr)
             assert names, f"{name}: {title}: no series in {expr}"
             unknown = names - known
-            assert not unknown, f"{name}: {title}: {sorted(unknown)} are neither in README.md nor in SGLang 0.5.23's /metrics"
+            assert not unknown, f"{name}: {title}: {sorted(unknown)} are neither in README.md nor in SGLang 0.5.23's or 0.5.17's /metrics"
             used |= names
         var_query = {v["name"]: v for v in dash["templating"]["list"]}["target"]["query"]["query"]
         assert metric_names(var_query.replace("label_values(", "(").split(",")[0] + ")") <= known

@@ -326,7 +326,7 @@ def test_real_prometheus_loads_the_rules_and_the_watchdog_reaches_the_heartbeat_
                     break
                 assert time.monotonic() < deadline, "rules never evaluated"
                 time.sleep(0.2)
-            assert len(rules) == 24
+            assert len(rules) == 27
             assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
             pending = prom_query(prom_url, 'ALERTS{alertname="HiCacheCanaryStale"}')
             assert [(a["metric"]["alertstate"], a["metric"]["instance"]) for a in pending] == [("pending", nobody)]

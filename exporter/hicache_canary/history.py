@@ -29,6 +29,16 @@ def _num(v: float | None, digits: int = 4) -> float | None:
     return None if v is None else round(float(v), digits)
 
 
+def eviction_confirmed(rec: ProbeRecord) -> bool:
+    """Whether R left the device pool, as the verdict judged it.
+
+    The pressure step's own flag says what SGLang's counters suggested while filler was sent; the
+    rehost can prove them wrong (R still hit on device: `not_evicted`), and then what we show must
+    be the verdict, not the guess.
+    """
+    return rec.pressure.eviction_confirmed and rec.verdict != Verdict.NOT_EVICTED
+
+
 def record_to_dict(rec: ProbeRecord, secrets: Iterable[str] = ()) -> dict[str, Any]:
     """The probe table a person (or /api/targets) needs; no prompts, no request ids."""
     secrets = list(secrets)
@@ -66,7 +76,8 @@ def record_to_dict(rec: ProbeRecord, secrets: Iterable[str] = ()) -> dict[str, A
             "synthetic_tokens": rec.pressure.synthetic_tokens,
             "passive_tokens": rec.pressure.passive_tokens,
             "chunks": rec.pressure.chunks,
-            "eviction_confirmed": rec.pressure.eviction_confirmed,
+            "eviction_confirmed": eviction_confirmed(rec),
+            "counters_suggested_eviction": rec.pressure.eviction_confirmed,
             "limited_by": rec.pressure.limited_by,
         },
         "server": None

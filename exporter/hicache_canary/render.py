@@ -17,6 +17,7 @@ import time
 from typing import Any, TextIO
 
 from .canary import ProgressEvent
+from .history import eviction_confirmed
 from .models import Cause, Phase, ProbeRecord, StepRecord
 
 ROW_NAMES = {Phase.WARMUP: "warm-up", Phase.COLD: "R-cold", Phase.PRIME: "R-prime", Phase.PRESSURE: "pressure", Phase.REHOST: "R-rehost", Phase.AGAIN: "R-again"}
@@ -91,7 +92,7 @@ def render_table(rec: ProbeRecord, *, width: int = 100) -> str:
         lines.append(f"tokens sent: canary {rec.tokens_canary:,} + pressure {rec.tokens_pressure:,} = {rec.tokens_canary + rec.tokens_pressure:,}")
         lines += textwrap.wrap(
             f"eviction: LRU needed {p.planned_tokens:,}; server traffic credited {p.passive_tokens:,}; "
-            f"{'confirmed' if p.eviction_confirmed else 'not confirmed'}{'; cut by ' + p.limited_by if p.limited_by else ''}",
+            f"{'confirmed' if eviction_confirmed(rec) else 'not confirmed'}{'; cut by ' + p.limited_by if p.limited_by else ''}",
             width=width, subsequent_indent="  ",
         )
     verdict = rec.verdict.value if rec.verdict else "?"

@@ -1,4 +1,5 @@
-"""Server-rendered status page: per target the verdict, suspected cause, evidence, the last probe
+"""Server-rendered status page: per target the verdict, suspected cause, evidence, for a verdict
+that says nothing about HiCache one line on why and what to do next (next_step.py), the last probe
 table and an inline SVG chart of recent probes (cold vs rehost latency).
 
 No JavaScript and no external assets: the CSS is inlined from static/status.css, so the page works
@@ -16,6 +17,7 @@ from typing import Any
 from . import __version__
 from .history import record_to_dict
 from .models import Verdict
+from .next_step import explain
 from .scheduler import TargetSnapshot
 
 CSS = resources.files("hicache_canary").joinpath("static/status.css").read_text()
@@ -88,6 +90,16 @@ def _table(rec: dict[str, Any]) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def _conclusive(s: TargetSnapshot) -> str:
+    """The last verdict about HiCache, and how many probes since have said nothing (what
+    HiCacheCanaryInconclusive counts: it fires from 3)."""
+    n = s.since_conclusive
+    since = f"{n} inconclusive probe{'s' if n != 1 else ''} since" if n else ""
+    if s.streak_verdict:
+        return f"{s.streak_verdict.value} x{s.streak}" + (f" ({since})" if since else "")
+    return f"none yet ({n} inconclusive probe{'s' if n != 1 else ''} so far)" if n else "none yet"
+
+
 def _target(s: TargetSnapshot, history: list[dict[str, Any]], secrets: list[str]) -> str:
     t = s.target
     last = record_to_dict(s.last, secrets) if s.last else None
@@ -96,7 +108,7 @@ def _target(s: TargetSnapshot, history: list[dict[str, Any]], secrets: list[str]
     state = "probing now" + (f" ({escape(s.phase)})" if s.phase else "") if s.in_progress else "idle"
     facts = [
         # what HiCacheSilent pages on: the last conclusive verdict, which an error probe does not change
-        ("last conclusive verdict", f"{s.streak_verdict.value} x{s.streak}" if s.streak_verdict else "none yet"),
+        ("last conclusive verdict", _conclusive(s)),
         ("suspected cause", s.last_conclusive.cause.value if s.last_conclusive and s.streak_verdict == Verdict.SILENT else "none"),
         ("rehost / cold", "-" if not measured or measured["rehost_cold_ratio"] is None else f"{measured['rehost_cold_ratio']:.3f}"),
         ("host share on rehost", "-" if not measured or measured["host_fraction"] is None else f"{measured['host_fraction']:.0%}"),
@@ -114,12 +126,14 @@ def _target(s: TargetSnapshot, history: list[dict[str, Any]], secrets: list[str]
         facts.append(("server", f"SGLang {srv['version'] or '?'}, {srv['write_policy'] or '?'}, hybrid={srv['hybrid']}"))
     dl = "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in facts)
     evidence = escape((last or {}).get("evidence") or "no probe has finished yet")
+    why = explain(s.last) if s.last else None
     return (
         f'<section class="target" id="t-{escape(t.name)}">'
         f'<h2>{escape(t.name)} <span class="badge v-{escape(verdict)}">{escape(verdict)}</span>'
         f'<span class="url">{escape(t.url)}</span></h2>'
         f'<p class="evidence">{evidence}</p>'
-        f'<div class="grid"><div><dl>{dl}</dl>{_table(measured) if measured else ""}</div>'
+        + (f'<p class="next">{escape(why)}</p>' if why else "")
+        + f'<div class="grid"><div><dl>{dl}</dl>{_table(measured) if measured else ""}</div>'
         f'<div><div class="chart-title">recent probes: R latency</div>{chart(history)}'
         f'<div class="legend"><span class="cold">&#9632; cold</span><span class="rehost">&#9632; rehost</span></div></div></div>'
         "</section>"
