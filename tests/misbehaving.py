@@ -40,10 +40,17 @@ KINDS = (
     "echo_key_error",  # HTTP 400 whose JSON message echoes the Authorization header across the 200-character cut
     "echo_key_garbage",  # 200 whose non-JSON body echoes the Authorization header across the 80-character cut
     "endless_body",  # 200 that never stops sending (a broken proxy, or a hostile server)
+    "hostile_server_info",  # /server_info whose strings are 20 KB, label syntax and terminal escapes
 )
 
 # Where an echoed key starts in the message: it straddles the client's old cut (200 and 80 characters).
-ECHO_AT = {"echo_key_error": 190, "echo_key_garbage": 70}
+ECHO_AT = {"echo_key_error": 185, "echo_key_garbage": 70}
+# What a hostile /server_info says instead of the simulator's own strings.
+HOSTILE_SERVER_INFO = {
+    "version": "0.5.23" + "9" * 20_000,
+    "hicache_write_policy": 'write_through"} evil{x="',
+    "speculative_algorithm": "\x1b[31mEAGLE\x1b[0m",
+}
 
 
 @dataclass
@@ -259,6 +266,8 @@ class FaultProxy(_LoopThread):
         if kind == "truncated":
             writer.write(_response(status, body[: len(body) // 2], ctype, length=len(body)))
             return await writer.drain()
+        if kind == "hostile_server_info" and status == 200:
+            body = json.dumps({**json.loads(body), **HOSTILE_SERVER_INFO}).encode()
         if kind in ("no_cached_fields", "no_prompt_tokens") and status == 200:
             doc = json.loads(body)
             meta = doc.get("meta_info", {})
