@@ -222,8 +222,9 @@ async def test_restart_mid_probe_of_a_fresh_server_is_not_a_verdict(phase, kind)
             assert p.triggered == 1
             assert (rec.verdict, rec.reason) == (Verdict.ERROR, ErrorReason.SERVER_RESTARTED), rec.evidence
             assert rec.evidence.startswith(f"{phase}: the server restarted during the probe ("), rec.evidence
-            if (phase, kind) == ("cold", "restart_after"):  # nothing went back: only the missing count tells
-                assert f"while it answered {CONTEXT} prompt tokens of ours" in rec.evidence, rec.evidence
+            # Which sign shows it depends on where the fresh server's counters stood (a simulator that
+            # warms up first shows "went back"; one at zero shows only the missing count, as in
+            # tests/test_continuity.py): either way never a verdict.
             assert_bounded(rec)
     finally:
         proc.stop()
