@@ -36,8 +36,22 @@ KINDS = (
     "metrics_garbage",  # /metrics with unparsable lines mixed in
     "metrics_no_sglang",  # /metrics with every sglang: family gone
     "restart",  # restart the simulator once (caches and counters reset), then answer
+    "restart_after",  # answer, but restart the simulator before the reply reaches the client (lost just after)
     "slow",  # answer correctly, late
+    "echo_key_error",  # HTTP 400 whose JSON message echoes the Authorization header across the 200-character cut
+    "echo_key_garbage",  # 200 whose non-JSON body echoes the Authorization header across the 80-character cut
+    "endless_body",  # 200 that never stops sending (a broken proxy, or a hostile server)
+    "hostile_server_info",  # /server_info whose strings are 20 KB, label syntax and terminal escapes
 )
+
+# Where an echoed key starts in the message: it straddles the client's old cut (200 and 80 characters).
+ECHO_AT = {"echo_key_error": 185, "echo_key_garbage": 70}
+# What a hostile /server_info says instead of the simulator's own strings.
+HOSTILE_SERVER_INFO = {
+    "version": "0.5.23" + "9" * 20_000,
+    "hicache_write_policy": 'write_through"} evil{x="',
+    "speculative_algorithm": "\x1b[31mEAGLE\x1b[0m",
+}
 
 
 @dataclass
@@ -209,7 +223,7 @@ class FaultProxy(_LoopThread):
         phase = self._phase(req)
         self.phases.append(phase)
         kind = self.fault[1] if self.fault and self.fault[0] == phase else None
-        if kind == "restart" and self.triggered:
+        if kind in ("restart", "restart_after") and self.triggered:
             kind = None  # one restart per fault, not one per pressure chunk
         if kind is not None:
             self.triggered += 1
@@ -231,14 +245,32 @@ class FaultProxy(_LoopThread):
         if kind == "garbage_json":
             writer.write(_response(200, b"<html><body>502 Bad Gateway</body></html>"))
             return await writer.drain()
+        if kind in ECHO_AT:
+            key = req.headers.get("authorization", "").removeprefix("Bearer ")
+            said = "x" * ECHO_AT[kind] + key + " is not a valid API key for this server"
+            if kind == "echo_key_error":
+                writer.write(_response(400, json.dumps({"error": {"message": said}}).encode()))
+            else:
+                writer.write(_response(200, said.encode(), "text/plain"))
+            return await writer.drain()
+        if kind == "endless_body":
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
+            chunk = b"sglang:junk 1\n" * 65536
+            while True:  # until the client hangs up (ConnectionError ends the handler)
+                writer.write(chunk)
+                await writer.drain()
         if kind == "slow":
             await asyncio.sleep(self.slow_s)
         if kind == "restart":
             await self._restart_upstream(req)
         status, ctype, body = await self._forward(req)
+        if kind == "restart_after":
+            await self._restart_upstream(req)
         if kind == "truncated":
             writer.write(_response(status, body[: len(body) // 2], ctype, length=len(body)))
             return await writer.drain()
+        if kind == "hostile_server_info" and status == 200:
+            body = json.dumps({**json.loads(body), **HOSTILE_SERVER_INFO}).encode()
         if kind in ("no_cached_fields", "no_prompt_tokens") and status == 200:
             doc = json.loads(body)
             meta = doc.get("meta_info", {})

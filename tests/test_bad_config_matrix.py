@@ -36,13 +36,13 @@ def target(extra: str = "") -> str:
 
 # id, config text (None: use `path` as is), env, expected stderr line ({dir} is the test's tmp dir)
 ROWS = [
-    ("type-context-string", target("context_tokens: lots"), {}, "targets[0].context_tokens: must be a valid integer, unable to parse string as an integer"),
-    ("type-context-fraction", target("context_tokens: 1.5"), {}, "targets[0].context_tokens: must be a valid integer, got a number with a fractional part"),
+    ("type-context-string", target("context_tokens: lots"), {}, "targets[0].context_tokens: must be a valid integer"),
+    ("type-context-fraction", target("context_tokens: 1.5"), {}, "targets[0].context_tokens: must be a valid integer"),
     ("type-targets-mapping", "targets: {name: a, url: 'http://127.0.0.1:1'}\n", {}, "targets: must be a valid list"),
     ("type-target-scalar", "targets: [http://127.0.0.1:1]\n", {}, "targets[0]: must be a valid dictionary or instance of TargetConfig"),
     ("type-url-number", "targets:\n  - {name: a, url: 5}\n", {}, "targets[0].url: must be a valid string"),
     ("type-interval-list", target("interval: [1]"), {}, "targets[0].interval: [1] is not a duration (use 30s, 10m, 1h or a number of seconds)"),
-    ("type-api-bool", target("api: true"), {}, "targets[0].api: must be 'auto', 'native' or 'openai'"),
+    ("type-api-bool", target("api: true"), {}, "targets[0].api: must be 'auto', 'native' or 'openai' (YAML reads an unquoted on, yes or true as the boolean true)"),
     ("negative-max-pressure", target("max_pressure_tokens: -5"), {}, "targets[0].max_pressure_tokens: must be greater than 0"),
     ("negative-chunk", target("pressure_chunk_tokens: 0"), {}, "targets[0].pressure_chunk_tokens: must be greater than 0"),
     ("negative-busy-threshold", "defaults: {busy_queue_threshold: -1}\n" + target(), {}, "defaults.busy_queue_threshold: must be greater than or equal to 0"),
@@ -75,13 +75,46 @@ ROWS += [
 ]
 
 
+# Issue 14: what a careful attacker or a tired operator finds. Each row failed on the code before it
+# (accepted, a traceback, a silently wrong value, or a confusing message).
+YES = "(YAML reads an unquoted on, yes or true as the boolean true)"
+NO = "(YAML reads an unquoted off, no or false as the boolean false)"
+ROWS += [
+    ("duration-nan", target("interval: .nan"), {}, "targets[0].interval: nan is not a finite duration (use 30s, 10m, 1h or a number of seconds)"),
+    ("duration-inf", "defaults: {request_timeout: .inf}\n" + target(), {}, "defaults.request_timeout: inf is not a finite duration (use 30s, 10m, 1h or a number of seconds)"),
+    ("duration-zero-allowed-but-nan", target("confirm_after: .NaN"), {}, "targets[0].confirm_after: nan is not a finite duration (use 30s, 10m, 1h or a number of seconds)"),
+    ("ratio-nan", target("host_hit_threshold: .nan"), {}, "targets[0].host_hit_threshold: must be a finite number"),
+    ("duplicate-targets-block", target() + "listen: {port: 9000}\ntargets:\n  - {name: b, url: 'http://127.0.0.1:2'}\n", {},
+     "{dir}/config.yml: line 4: duplicate key 'targets' (first on line 1); give each key once"),
+    ("duplicate-key-in-target", "targets:\n  - name: a\n    url: 'http://127.0.0.1:1'\n    name: b\n", {},
+     "{dir}/config.yml: line 4: duplicate key 'name' (first on line 2); give each key once"),
+    ("bool-context-yes", target("context_tokens: yes"), {}, f"targets[0].context_tokens: must be a valid integer {YES}"),
+    ("bool-busy-no", target("busy_queue_threshold: no"), {}, f"targets[0].busy_queue_threshold: must be a valid integer {NO}"),
+    ("bool-ratio-on", target("host_hit_threshold: on"), {}, f"targets[0].host_hit_threshold: must be a valid number {YES}"),
+    ("bool-port-true", "listen: {port: true}\n" + target(), {}, f"listen.port: must be a valid integer {YES}"),
+    ("bool-name-off", "targets:\n  - {name: off, url: 'http://127.0.0.1:1'}\n", {},
+     "targets[0].name: must be a valid string (YAML reads an unquoted off, no or false as the boolean false: put the name in quotes)"),
+    ("string-number-context", target("context_tokens: '16384'"), {}, "targets[0].context_tokens: must be a valid integer"),
+    ("key-number-top-level", "1: x\n" + target(), {}, "1: unknown key (a number, not a name)"),
+    ("key-bool-in-target", "targets:\n  - {name: a, url: 'http://127.0.0.1:1', on: 1}\n", {}, "targets[0].true: unknown key (a boolean, not a name)"),
+    ("name-dot-dot", "targets:\n  - {name: '..', url: 'http://127.0.0.1:1'}\n", {},
+     "targets[0].name: '..' is not a valid name (use 1-63 of a-z 0-9 _ . -, starting with a letter or digit)"),
+    ("key-file-dev-zero", target("api_key_file: /dev/zero"), {}, "targets[0].api_key_file: /dev/zero is larger than 4 KiB (a secret file holds one key)"),
+    ("token-file-too-large", "probe_api_token_file: {dir}/big\n" + target(), {}, "probe_api_token_file: {dir}/big is larger than 4 KiB (a secret file holds one key)"),
+    ("config-dev-zero", None, {}, "/dev/zero is larger than 1 MiB; not a config file?"),
+]
+
+
 def _write_config(tmp: Path, row_id: str, text: str | None) -> Path:
     (tmp / "empty").write_text("")
     (tmp / "latin1").write_bytes(b"sk-caf\xe9")
+    (tmp / "big").write_bytes(b"k" * 5000)
     if row_id == "config-missing":
         return tmp / "missing.yml"
     if row_id == "config-is-directory":
         return tmp
+    if row_id == "config-dev-zero":
+        return Path("/dev/zero")
     path = tmp / "config.yml"
     path.write_bytes(text.replace("{dir}", str(tmp)).encode("latin-1"))
     return path
@@ -145,7 +178,7 @@ def test_mistake_exits_2_with_one_line_from_both_commands(tmp_path: Path, monkey
 
 
 SAMPLE = ["type-targets-mapping", "negative-max-pressure", "duration-zero", "url-port-out-of-range", "key-file-is-directory",
-          "env-listen-port-zero", "config-missing"]
+          "env-listen-port-zero", "config-missing", "duration-nan", "duplicate-targets-block", "bool-context-yes", "key-file-dev-zero"]
 
 
 @pytest.mark.parametrize("row_id,text,env,expected", [r for r in ROWS if r[0] in SAMPLE], ids=SAMPLE)

@@ -254,13 +254,14 @@ async def test_server_traffic_is_credited_as_passive_pressure(sim) -> None:
     [
         pytest.param(("--fault-5xx-rate", "1"), ErrorReason.HTTP_5XX, id="5xx"),
         pytest.param(("--fault-malformed-json",), ErrorReason.BAD_RESPONSE, id="malformed-json"),
-        pytest.param(("--fault-down-after", "1"), ErrorReason.CONNECT_FAILED, id="down-mid-probe"),
+        # The dying process either refuses the next connection or drops one it had accepted: both true.
+        pytest.param(("--fault-down-after", "1"), (ErrorReason.CONNECT_FAILED, ErrorReason.CONNECTION_LOST), id="down-mid-probe"),
     ],
 )
 async def test_server_errors_become_error_with_reason(sim, fault, reason) -> None:
     url = sim(*HYBRID, *fault)
     rec, _ = await probe(url)
-    assert (rec.verdict, rec.reason) == (Verdict.ERROR, reason), rec.evidence
+    assert rec.verdict == Verdict.ERROR and rec.reason in (reason if isinstance(reason, tuple) else (reason,)), rec.evidence
     assert "\n" not in rec.evidence and rec.evidence
 
 

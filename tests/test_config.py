@@ -22,7 +22,7 @@ INVALID = [
     ("invalid-zero-budget.yml", "defaults.token_budget_per_hour: must be greater than 0"),
     ("invalid-duration.yml", "targets[0].interval: '10 minutes' is not a duration (use 30s, 10m, 1h or a number of seconds)"),
     ("invalid-duplicate-names.yml", "targets[1].name: duplicate name 'a' (also targets[0])"),
-    ("invalid-bad-name.yml", "targets[0].name: 'GPU 0' is not a valid name (use 1-63 of a-z 0-9 _ . -)"),
+    ("invalid-bad-name.yml", "targets[0].name: 'GPU 0' is not a valid name (use 1-63 of a-z 0-9 _ . -, starting with a letter or digit)"),
     ("invalid-no-targets.yml", "targets: at least one target is required (or set HICACHE_CANARY_TARGET_URL, or enable discovery.docker)"),
     ("invalid-key-file-unreadable.yml", "targets[0].api_key_file: cannot read /nonexistent/hicache-canary/sglang_api_key: No such file or directory"),
     ("invalid-key-env-and-file.yml", "targets[0]: set api_key_env or api_key_file, not both"),

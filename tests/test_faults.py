@@ -87,16 +87,16 @@ PROXY_ROWS = [
     ("pressure", "stall", Verdict.ERROR, ErrorReason.TIMEOUT, f"pressure: POST /generate: {TO}"),
     ("rehost", "stall", Verdict.ERROR, ErrorReason.TIMEOUT, f"rehost: POST /generate: {TO}"),
     ("again", "stall", Verdict.ERROR, ErrorReason.TIMEOUT, f"again: POST /generate: {TO}"),
-    ("cold", "hangup", Verdict.ERROR, ErrorReason.CONNECT_FAILED, "cold: POST /generate: server closed the connection before answering"),
-    ("rehost", "hangup", Verdict.ERROR, ErrorReason.CONNECT_FAILED, "rehost: POST /generate: server closed the connection before answering"),
-    ("metrics", "hangup", Verdict.ERROR, ErrorReason.CONNECT_FAILED, "preflight: GET /metrics: server closed the connection before answering"),
+    ("cold", "hangup", Verdict.ERROR, ErrorReason.CONNECTION_LOST, "cold: POST /generate: server closed the connection before answering"),
+    ("rehost", "hangup", Verdict.ERROR, ErrorReason.CONNECTION_LOST, "rehost: POST /generate: server closed the connection before answering"),
+    ("metrics", "hangup", Verdict.ERROR, ErrorReason.CONNECTION_LOST, "preflight: GET /metrics: server closed the connection before answering"),
     ("preflight", "http_500", Verdict.ERROR, ErrorReason.HTTP_5XX, "preflight: GET /server_info: HTTP 500: Internal Server Error"),
     ("rehost", "http_500", Verdict.ERROR, ErrorReason.HTTP_5XX, "rehost: POST /generate: HTTP 500: Internal Server Error"),
     ("metrics", "http_500", Verdict.ERROR, ErrorReason.HTTP_5XX, "preflight: GET /metrics: HTTP 500: Internal Server Error"),
     ("pressure", "http_429", Verdict.ERROR, ErrorReason.RATE_LIMITED, "pressure: POST /generate: HTTP 429: Too many requests, retry later"),
     ("again", "garbage_json", Verdict.ERROR, ErrorReason.BAD_RESPONSE, "again: POST /generate: body is not JSON: '<html><body>502 Bad Gateway</body></html>'"),
     ("preflight", "garbage_json", Verdict.ERROR, ErrorReason.BAD_RESPONSE, "preflight: GET /server_info: body is not JSON: '<html><body>502 Bad Gateway</body></html>'"),
-    ("cold", "truncated", Verdict.ERROR, ErrorReason.BAD_RESPONSE, None),
+    ("cold", "truncated", Verdict.ERROR, ErrorReason.CONNECTION_LOST, None),
     ("cold", "no_prompt_tokens", Verdict.ERROR, ErrorReason.BAD_RESPONSE, "cold: meta_info lacks prompt_tokens"),
     # Degraded, not broken: the canary falls back to the next evidence (docs/verdicts.md) and still judges.
     ("rehost", "no_cached_fields", Verdict.REUSED, None, None),
@@ -106,6 +106,10 @@ PROXY_ROWS = [
     # SGLang restarted mid-probe on a server that had already counted past this probe's tokens
     ("rehost", "restart", Verdict.ERROR, ErrorReason.SERVER_RESTARTED, "rehost: the server restarted during the probe (its counters went back)"),
     ("pressure", "restart", Verdict.ERROR, ErrorReason.SERVER_RESTARTED, "pressure: the server restarted during the probe (its counters went back)"),
+    # Issue 14: a body without end is read up to a limit, never into all of memory.
+    ("metrics", "endless_body", Verdict.ERROR, ErrorReason.BAD_RESPONSE, "preflight: GET /metrics: body is larger than the 16777216-byte limit"),
+    ("preflight", "endless_body", Verdict.ERROR, ErrorReason.BAD_RESPONSE, "preflight: GET /server_info: body is larger than the 4194304-byte limit"),
+    ("again", "endless_body", Verdict.ERROR, ErrorReason.BAD_RESPONSE, "again: POST /generate: body is larger than the 4194304-byte limit"),
 ]
 
 
@@ -121,7 +125,7 @@ async def test_fault_in_one_phase(clean, sim, phase, kind, verdict, reason, evid
     if evidence is not None:
         assert rec.evidence == evidence
     if kind == "truncated":
-        assert rec.evidence.startswith("cold: POST /generate: broken HTTP response: peer closed connection without sending complete message body")
+        assert rec.evidence.startswith("cold: POST /generate: server closed the connection mid-answer: peer closed connection without sending complete message body")
     if kind == "stall":  # abandoned at the timeout, not after the server's 10 s stall
         assert time.monotonic() - start < 5
     assert_bounded(rec)
@@ -177,8 +181,9 @@ async def test_server_process_dies_mid_probe_then_is_restarted() -> None:
     proc, url = start_simulator(*SIM, "--fault-down-after", "2", "--warmup-seconds", "0", port=port, time_scale=0.05)  # after the warm-up and cold; slow enough that the rest outlasts the 50 ms exit
     try:
         rec = await probe(url)
-        assert (rec.verdict, rec.reason) == (Verdict.ERROR, ErrorReason.CONNECT_FAILED), rec.evidence
-        # The process exits ~50 ms after its second reply; whichever later phase meets the closed port says so.
+        # The process exits ~50 ms after its second reply; whichever later phase meets the closed port
+        # says so (connect_failed), or the one whose open connection it drops (connection_lost).
+        assert rec.verdict == Verdict.ERROR and rec.reason in (ErrorReason.CONNECT_FAILED, ErrorReason.CONNECTION_LOST), rec.evidence
         assert rec.evidence.split(":")[0] in ("pressure", "rehost", "again"), rec.evidence
         assert_bounded(rec)
         assert proc.popen.wait(10) is not None  # it really died
@@ -194,18 +199,33 @@ async def test_server_process_dies_mid_probe_then_is_restarted() -> None:
 # A restart on a freshly started server: its counters after the restart are still above the probe's
 # first snapshot (taken near zero), so the canary compares every snapshot with the previous one; R
 # re-sent to an empty cache would otherwise read as "never reused" and the exporter would lie.
-FRESH_RESTART = ["rehost", "again"]
+FRESH_RESTART = [
+    ("rehost", "restart"),
+    ("again", "restart"),
+    # Issue 14: the server answers R, then loses cache and counters before the next /metrics. Its
+    # counters are back near where the fresh server's first snapshot was, so nothing "went back";
+    # only the prompt-token counter not rising by R's length shows that R was never counted.
+    # Before the fix: `silent (mamba_state_not_backed_up)`, 3 runs of 3.
+    ("cold", "restart_after"),
+    ("pressure", "restart_after"),
+    ("rehost", "restart_after"),
+]
 
 
-@pytest.mark.parametrize("phase", FRESH_RESTART)
-async def test_restart_mid_probe_of_a_fresh_server_is_not_a_verdict(phase) -> None:
+@pytest.mark.parametrize("phase,kind", FRESH_RESTART, ids=[f"{p}-{k}" for p, k in FRESH_RESTART])
+async def test_restart_mid_probe_of_a_fresh_server_is_not_a_verdict(phase, kind) -> None:
     proc, url = start_simulator(*SIM, time_scale=0.002)
     try:
         with FaultProxy(url) as p:
-            p.set(phase, "restart")
+            p.set(phase, kind)
             rec = await probe(p.url)
             assert p.triggered == 1
             assert (rec.verdict, rec.reason) == (Verdict.ERROR, ErrorReason.SERVER_RESTARTED), rec.evidence
+            assert rec.evidence.startswith(f"{phase}: the server restarted during the probe ("), rec.evidence
+            # Which sign shows it depends on where the fresh server's counters stood (a simulator that
+            # warms up first shows "went back"; one at zero shows only the missing count, as in
+            # tests/test_continuity.py): either way never a verdict.
+            assert_bounded(rec)
     finally:
         proc.stop()
 
@@ -273,16 +293,18 @@ def trigger(url: str) -> float:
     return before
 
 
+# target_up: 0 only when no working server answered (no connection, a dropped one, no answer in
+# time); an HTTP 500 or a garbled body is an answer from a server that is up (issue 14).
 EXPORTER_ROWS = [
-    ("cold", "stall", "timeout"),
-    ("rehost", "http_500", "http_5xx"),
-    ("pressure", "hangup", "connect_failed"),
-    ("again", "garbage_json", "bad_response"),
+    ("cold", "stall", "timeout", 0),
+    ("rehost", "http_500", "http_5xx", 1),
+    ("pressure", "hangup", "connection_lost", 0),
+    ("again", "garbage_json", "bad_response", 1),
 ]
 
 
-@pytest.mark.parametrize("phase,kind,reason", EXPORTER_ROWS, ids=[f"{p}-{k}" for p, k, _ in EXPORTER_ROWS])
-def test_exporter_reports_the_fault_keeps_serving_and_recovers(exporter, clean, phase, kind, reason) -> None:
+@pytest.mark.parametrize("phase,kind,reason,up", EXPORTER_ROWS, ids=[f"{p}-{k}" for p, k, *_ in EXPORTER_ROWS])
+def test_exporter_reports_the_fault_keeps_serving_and_recovers(exporter, clean, phase, kind, reason, up) -> None:
     clean.set(phase, kind)
     scrapes: list[float] = []
     rec = wait_probe(exporter, trigger(exporter), scrapes=scrapes)
@@ -292,6 +314,7 @@ def test_exporter_reports_the_fault_keeps_serving_and_recovers(exporter, clean, 
     assert sample(exporter, "hicache_canary_verdict", target="sim", verdict="reused") == 0
     assert sample(exporter, "hicache_canary_last_error_reason", target="sim", reason=reason) == 1
     assert sample(exporter, "hicache_canary_probe_errors_total", target="sim", reason=reason) >= 1
+    assert sample(exporter, "hicache_canary_target_up", target="sim") == up
     # /metrics answered every poll while the target misbehaved, and fast (a probe never blocks a scrape)
     assert len(scrapes) >= 2 and max(scrapes) < 0.5, scrapes
 

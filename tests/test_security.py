@@ -13,7 +13,9 @@ test_grafana_has_no_default_credentials_and_anonymous_users_only_view); SECURITY
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -23,7 +25,7 @@ import pytest
 
 from hicache_canary.config import load_settings
 from hicache_canary.serve import build
-from misbehaving import Recorder
+from misbehaving import FaultProxy, Recorder
 from procs import REPO, Proc, canary_argv, free_port, start_simulator
 
 SIM_KEY = "sk-SIMKEY-e7b1c0ffee42d00d"
@@ -37,8 +39,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 class Stack:
-    def __init__(self, url: str, proc: Proc, sim: str, recorder: Recorder):
-        self.url, self.proc, self.sim, self.recorder = url, proc, sim, recorder
+    def __init__(self, url: str, proc: Proc, sim: str, recorder: Recorder, proxy: FaultProxy):
+        self.url, self.proc, self.sim, self.recorder, self.proxy = url, proc, sim, recorder, proxy
 
     def sim_served(self) -> int:
         return httpx.get(self.sim + "/_sim/state", headers={"Authorization": f"Bearer {SIM_KEY}"}).json()["served"]
@@ -75,12 +77,14 @@ def stack(tmp_path_factory):
     (d / "token").write_text(TOKEN)
     sim_proc, sim = start_simulator(*SIM, "--api-key", SIM_KEY, time_scale=0.002)
     recorder = Recorder().start()
+    proxy = FaultProxy(sim).start()  # target `echo`: the same server, misbehaving on cue
     common = "interval: 1h, context_tokens: 2048, pressure_chunk_tokens: 4096, poll_interval: 50ms, passive_wait: 0"
     (d / "exporter.yml").write_text(
         f"probe_api_token_file: {d / 'token'}\n"
         "targets:\n"
         f"  - {{name: sim, url: '{sim}', api_key_file: {d / 'key'}, {common}}}\n"
         f"  - {{name: badkey, url: '{sim}', api_key_file: {d / 'wrong'}, {common}}}\n"
+        f"  - {{name: echo, url: '{proxy.url}', api_key_file: {d / 'key'}, {common}}}\n"
     )
     port = free_port()
     proc = Proc("exporter-security", canary_argv("serve", "--config", str(d / "exporter.yml"), "--host", "127.0.0.1",
@@ -88,12 +92,14 @@ def stack(tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     try:
         proc.wait_http(url + "/healthz", ok=lambda r: r.status_code == 200)
-        s = Stack(url, proc, sim, recorder)
+        s = Stack(url, proc, sim, recorder, proxy)
         assert s.wait_probe("sim", 0.0)["verdict"] == "reused"  # the first, scheduled probe used the key
+        s.wait_probe("echo", 0.0)
         yield s
     finally:
         proc.stop()
         recorder.stop()
+        proxy.stop()
         sim_proc.stop()
 
 
@@ -215,3 +221,85 @@ def test_security_md_names_every_endpoint(tmp_path):
     for path in paths:
         shown = path.replace("{name}", "<target>")
         assert f"`{shown}`" in doc or f"`GET {shown}`" in doc or f"`POST {shown}`" in doc, f"SECURITY.md does not mention {shown}"
+
+
+# ---------------------------------------------------------------- issue 14
+
+
+def _pieces(secret: str, n: int = 8) -> list[str]:
+    """Every n-character piece of a secret: a key cut in half must not survive in part either."""
+    return [secret[i:i + n] for i in range(len(secret) - n + 1)]
+
+
+@pytest.mark.parametrize(
+    "kind,evidence",
+    [
+        ("echo_key_error", "preflight: GET /server_info: HTTP 400: " + "x" * 185 + "<redacted> is not a valid API key for this server"),
+        # scrubbed first, then cut at 80: the marker is what gets cut, never the key
+        ("echo_key_garbage", "preflight: GET /server_info: body is not JSON: '" + "x" * 70 + "<redact...'"),
+    ],
+    ids=["error-message-cut-at-200", "non-json-body-cut-at-80"],
+)
+def test_a_key_the_server_echoes_is_scrubbed_before_any_cut(stack, kind, evidence, tmp_path):
+    """SGLang echoing the key across the place where its text is cut: before issue 14 the cut came
+    first, and 47 of 64 characters survived in probe output, /api/targets, / and the log."""
+    stack.proxy.set("preflight", kind)
+    try:
+        rec = stack.probe("echo")
+        (tmp_path / "key").write_text(SIM_KEY)
+        cli = [subprocess.run(canary_argv("probe", "--target", stack.proxy.url, "--api-key-file", str(tmp_path / "key"),
+                                          "--context-tokens", "2048", *extra), capture_output=True, text=True, timeout=60)
+               for extra in ((), ("--json",))]
+    finally:
+        stack.proxy.clear()
+    assert rec["evidence"] == evidence
+    texts = {path: httpx.get(stack.url + path).text for path in ("/api/targets", "/api/targets/echo", "/")}
+    texts["exporter log"] = stack.proc.log()
+    for i, r in enumerate(cli):
+        assert r.returncode == 3, r.stderr
+        texts[f"probe{' --json' if i else ''}"] = r.stdout + r.stderr
+    reason = "http_4xx" if kind == "echo_key_error" else "bad_response"
+    assert cli[0].stderr.endswith(f"hicache-canary probe: error ({reason}): {evidence}\n"), cli[0].stderr
+    for name, text in texts.items():
+        for piece in _pieces(SIM_KEY):
+            assert piece not in text, f"{piece!r} of the key leaked into {name}"
+
+
+def test_probe_never_prints_the_password_of_a_target_url(tmp_path):
+    """`probe --target http://user:pass@host:port`: the password reached the table and --json."""
+    proc, url = start_simulator(*SIM, time_scale=0.002)
+    secret = "s3cretPASSw0rd"
+    target = url.replace("http://", f"http://operator:{secret}@")
+    try:
+        runs = [subprocess.run(canary_argv("probe", "--target", target, "--context-tokens", "2048", "--passive-wait", "0",
+                                           "--poll-interval", "0.05", *extra), capture_output=True, text=True, timeout=60)
+                for extra in ((), ("--json",))]
+    finally:
+        proc.stop()
+    bad = subprocess.run(canary_argv("probe", "--target", f"http://operator:{secret}@127.0.0.1:99999"),
+                         capture_output=True, text=True, timeout=60)
+    assert runs[0].returncode == 0, runs[0].stdout + runs[0].stderr
+    assert runs[0].stdout.startswith(f"target {url} ("), runs[0].stdout
+    assert json.loads(runs[1].stdout)["target"] == url
+    assert (bad.returncode, bad.stderr) == (3, "hicache-canary probe: error: argument --target: 'http://127.0.0.1:99999' is not a valid URL (bad host or port)\n")
+    for r in (*runs, bad):
+        assert secret not in r.stdout + r.stderr and "operator" not in r.stdout + r.stderr
+
+
+def test_strings_from_a_hostile_server_become_bounded_label_values(stack):
+    """A 20 KB version, label syntax as a write policy, terminal escapes as an algorithm: the label
+    values are `unrecognised` / `other` (SECURITY.md: labels come from closed sets or look like names)."""
+    stack.proxy.set("preflight", "hostile_server_info")
+    try:
+        rec = stack.probe("echo")
+    finally:
+        stack.proxy.clear()
+    assert rec["server"]["version"] == "unrecognised" and rec["server"]["speculative_algorithm"] == "unrecognised"
+    lines = [line for line in httpx.get(stack.url + "/metrics").text.splitlines()
+             if line.startswith("hicache_canary_server_info{") and 'target="echo"' in line]
+    assert len(lines) == 1 and len(lines[0]) < 300, lines
+    for label in ('version="unrecognised"', 'write_policy="other"', 'speculative_algorithm="unrecognised"'):
+        assert label in lines[0], lines[0]
+    page = httpx.get(stack.url + "/").text
+    assert "9" * 100 not in page and "\x1b" not in page and "evil" not in page
+    assert stack.probe("echo")["server"]["version"] != "unrecognised"  # and a sane answer is shown again

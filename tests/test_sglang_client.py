@@ -499,9 +499,9 @@ async def _hang_up(writer):
     "behaviour,reason,fragment",
     [
         (_stall, ErrorReason.TIMEOUT, "read timed out after 0.3s"),
-        (_cut_body, ErrorReason.BAD_RESPONSE, "broken HTTP response"),
+        (_cut_body, ErrorReason.CONNECTION_LOST, "closed the connection mid-answer"),
         (_garbage, ErrorReason.BAD_RESPONSE, "broken HTTP response"),
-        (_hang_up, ErrorReason.CONNECT_FAILED, "closed the connection before answering"),
+        (_hang_up, ErrorReason.CONNECTION_LOST, "closed the connection before answering"),
     ],
     ids=["stall", "truncated-body", "garbage", "hang-up"],
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hicache_canary.models import (
@@ -120,6 +122,10 @@ CASES = [
     pytest.param(record(WB, rehost=None, again=None, snaps=tiered(host_rehost=R)), Verdict.REUSED, Cause.NONE, "cached_tokens_total", id="counters-cached-tokens-host-reused"),
     pytest.param(record(WB, rehost=None, again=None, snaps=tiered(host_rehost=R, source="prefill")), Verdict.REUSED, Cause.NONE, "prefill_effective", id="counters-prefill-effective-host-hit-reused"),
     pytest.param(record(rehost=None, again=None, snaps=tiered()), Verdict.SILENT, Cause.UNKNOWN, "0 of", id="counters-no-host-hit-evicted-silent"),
+    # Issue 14: the counter window held more host hits than R's cacheable tokens (R's full length, or
+    # another request's hit): said "loaded 40000 of 39999 tokens"; R cannot load more than R.
+    pytest.param(record(WB, rehost=None, again=CachedTokens(device=R), snaps=tiered(host_rehost=L + 5000)), Verdict.REUSED, Cause.NONE,
+                 f"rehost loaded {R} of {R} tokens (100%) from host", id="counters-host-count-above-R-is-capped-at-R"),
     pytest.param(record(rehost=None, again=None, snaps=tiered(), confirmed=False), Verdict.NOT_EVICTED, Cause.NONE, "not confirmed", id="counters-no-host-hit-eviction-unconfirmed-not-evicted"),
     pytest.param(record(rehost=None, again=None, snaps=tiered(dev_rehost=R)), Verdict.NOT_EVICTED, Cause.NONE, "on device", id="counters-device-hit-on-rehost-not-evicted"),
     pytest.param(record(rehost=None, again=None, snaps=tiered(dev_again=0)), Verdict.DEVICE_CACHE_BROKEN, Cause.NONE, "third send", id="counters-again-no-device-hit-broken"),
@@ -139,6 +145,11 @@ def test_decide(rec: ProbeRecord, verdict: Verdict, cause: Cause, phrase: str) -
     assert (d.verdict, d.cause) == (verdict, cause), d.evidence
     assert phrase in d.evidence
     assert d.evidence.count("\n") == 0
+    # never more of R than R, never above 100%
+    for got, of in re.findall(r"(\d+) of (\d+) tokens", d.evidence):
+        assert int(got) <= int(of), d.evidence
+    assert all(int(p) <= 100 for p in re.findall(r"(\d+)%", d.evidence)), d.evidence
+    assert d.host_fraction is None or 0.0 <= d.host_fraction <= 1.0
 
 
 def test_partial_hit_reports_fraction_and_threshold_is_a_setting() -> None:

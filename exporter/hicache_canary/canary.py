@@ -50,6 +50,7 @@ from .pressure import (
     server_rate,
     turnover,
 )
+from .continuity import broken_continuity
 from .sglang_client import SGLangClient, SGLangError
 from .sglang_metrics import looks_like_router
 from .verdict import decide
@@ -122,6 +123,7 @@ class _Probe:
         self.first: CounterSnapshot | None = None
         self.t_first = self.t0
         self.prev: CounterSnapshot | None = None  # the latest snapshot: a restart shows against it
+        self.sent_at_prev = 0  # self.sent when `prev` was taken
         self.r_ids: list[int] = []
         self.r_text = ""
         self.tokens_per_word = 1.0
@@ -227,11 +229,12 @@ class _Probe:
                 self.metrics_on = False
                 return None
             raise
-        # Against the previous snapshot, not only the first: on a fresh server the first one is near
-        # zero, and counters rebuilt after a restart climb past it within one request.
-        if self.prev is not None and _restarted(self.prev, s):
-            raise _Stop(ErrorReason.SERVER_RESTARTED, f"{self._where()}: the server restarted during the probe (its counters went back)")
-        self.prev = s
+        # Against the previous snapshot, not only the first, and against what the server answered us
+        # since: on a fresh server counters rebuilt after a restart climb past the first snapshot.
+        why = broken_continuity(self.prev, s, self.sent - self.sent_at_prev) if self.prev is not None else None
+        if why:
+            raise _Stop(ErrorReason.SERVER_RESTARTED, f"{self._where()}: {why}")
+        self.prev, self.sent_at_prev = s, self.sent
         return s
 
     def _fresh(self) -> bool:
@@ -371,23 +374,3 @@ def _tiers(res: GenerateResult) -> CachedTokens | None:
     if res.cached_tokens == 0:
         return CachedTokens()
     return None
-
-
-RESTART_COUNTERS = ("prompt_tokens", "evicted_tokens", "backup_tokens", "load_back_tokens", "cached_tokens",
-                    "prefill_effective_tokens", "dropped_tokens")
-
-
-def _total(snap: CounterSnapshot, attr: str) -> float | None:
-    v = getattr(snap, attr)
-    return sum(v.values()) if isinstance(v, dict) else v
-
-
-def _restarted(prev: CounterSnapshot, now: CounterSnapshot) -> bool:
-    """A new process start time, or any counter lower than in the previous snapshot."""
-    if prev.process_start_time is not None and now.process_start_time is not None and now.process_start_time != prev.process_start_time:
-        return True
-    for attr in RESTART_COUNTERS:
-        a, b = _total(prev, attr), _total(now, attr)
-        if a is not None and b is not None and b < a:
-            return True
-    return False

@@ -3,7 +3,8 @@
 `collect()` only reads immutable snapshots (no IO, no await, no lock held while building), so a
 scrape is fast while a probe runs and while a target is down. Names and labels follow the
 "Exported metrics" table in README.md exactly; label values come only from closed sets
-(models.Verdict, Cause, ErrorReason, Phase, Tier) plus the configured target name. Per-target
+(models.Verdict, Cause, ErrorReason, Phase, Tier, the write policies) plus the configured target
+name and SGLang's version and speculative algorithm, which must look like one (`server_info_labels`). Per-target
 counters and histograms are emitted with zeros from the first scrape so `rate()` and
 `absent()` behave.
 
@@ -31,7 +32,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .models import Cause, ErrorReason, Phase, ProbeRecord, Tier, Verdict
+from .models import Cause, ErrorReason, Phase, ProbeRecord, ServerFacts, Tier, Verdict
+from .shown import server_token
 from .scheduler import LATENCY_BUCKETS, LATENCY_PHASES, Histogram, TargetSnapshot
 
 P = "hicache_canary_"
@@ -88,6 +90,23 @@ def _one_hot(fam: GaugeMetricFamily, name: str, values: list[str], current: str 
 
 def _bool(v: bool) -> str:
     return "true" if v else "false"
+
+
+# What SGLang's own server_args accept; any other policy a server reports becomes "other".
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+
+
+def server_info_labels(f: ServerFacts) -> list[str]:
+    """version, write_policy, hicache, hybrid, speculative_algorithm: bounded whatever the server sent.
+
+    One series per target whatever the values, so the risk is their size and characters, not their
+    number: version and speculative_algorithm must look like a name (shown.server_token: at most 64
+    of [0-9A-Za-z.+_-], else "unrecognised"; a new algorithm such as DFLASH keeps its name);
+    write_policy is a closed set.
+    """
+    policy = f.write_policy if f.write_policy in WRITE_POLICIES else ("unknown" if f.write_policy is None else "other")
+    spec = server_token(f.speculative_algorithm) or "none"
+    return [server_token(f.version) or "unknown", policy, _bool(f.enable_hierarchical_cache), _bool(f.hybrid_model), spec]
 
 
 def _measured(fams: dict[str, Metric], name: str, rec: ProbeRecord) -> None:
@@ -180,18 +199,7 @@ class CanaryCollector(Collector):
         fams["restarts"].add_metric([name], float(s.restarts_detected))
         fams["budget"].add_metric([name], float(s.budget_remaining))
         if s.server is not None:
-            f = s.server
-            fams["server_info"].add_metric(
-                [
-                    name,
-                    f.version or "unknown",
-                    f.write_policy or "unknown",
-                    _bool(f.enable_hierarchical_cache),
-                    _bool(f.hybrid_model),
-                    (f.speculative_algorithm or "none"),
-                ],
-                1.0,
-            )
+            fams["server_info"].add_metric([name, *server_info_labels(s.server)], 1.0)
         if s.host_used_tokens is not None:
             fams["host_used"].add_metric([name], s.host_used_tokens)
         if s.host_total_tokens is not None:

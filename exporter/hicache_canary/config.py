@@ -9,6 +9,7 @@ shows them.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -19,10 +20,13 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from .files import MAX_CONFIG_BYTES, MAX_SECRET_BYTES, FileTooLarge, read_text
 from .models import ProbeSettings
 
 DEFAULT_PORT = 9807
-NAME_RE = re.compile(r"^[a-z0-9_.-]{1,63}$")
+# Starts with a letter or digit: `.` and `..` would be path segments in /api/targets/<name>.
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+NAME_RULE = "use 1-63 of a-z 0-9 _ . -, starting with a letter or digit"
 
 
 _DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
@@ -42,6 +46,9 @@ def parse_duration(value: Any, *, allow_zero: bool = False) -> float:
         seconds = float(value)
     else:
         raise ValueError(f"{value!r} is not a duration (use 30s, 10m, 1h or a number of seconds)")
+    if not math.isfinite(seconds):
+        # YAML's .nan/.inf: a NaN interval compares false with everything and ends as a 500 from /api/targets
+        raise ValueError(f"{value!r} is not a finite duration (use 30s, 10m, 1h or a number of seconds)")
     if seconds < 0 or (seconds == 0 and not allow_zero):
         raise ValueError("must be a positive duration")
     return seconds
@@ -60,9 +67,13 @@ def _duration(value: Any) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(_duration)]
-PositiveInt = Annotated[int, Field(gt=0, strict=False)]
-NonNegInt = Annotated[int, Field(ge=0)]
-Ratio = Annotated[float, Field(gt=0, le=1)]
+# Strict: pydantic's lax mode turns YAML's `yes`/`on`/`true` into 1 (and `no`/`off` into 0), so
+# `context_tokens: yes` would probe with a one-token R. Strict ints take ints only; strict floats
+# take ints and floats, never booleans or strings, and never NaN or infinity.
+PositiveInt = Annotated[int, Field(gt=0, strict=True)]
+NonNegInt = Annotated[int, Field(ge=0, strict=True)]
+Ratio = Annotated[float, Field(gt=0, le=1, strict=True, allow_inf_nan=False)]
+Port = Annotated[int, Field(ge=1, le=65535, strict=True)]
 
 
 class _Strict(BaseModel):
@@ -104,7 +115,7 @@ class TargetConfig(TargetFields):
     @classmethod
     def _name(cls, v: str) -> str:
         if not NAME_RE.match(v):
-            raise ValueError(f"{v!r} is not a valid name (use 1-63 of a-z 0-9 _ . -)")
+            raise ValueError(f"{v!r} is not a valid name ({NAME_RULE})")
         return v
 
     @field_validator("url")
@@ -115,7 +126,7 @@ class TargetConfig(TargetFields):
 
 class Listen(_Strict):
     host: str = Field(default="", min_length=0)
-    port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_PORT
+    port: Port = DEFAULT_PORT
 
 
 class DockerDiscoveryConfig(_Strict):
@@ -124,7 +135,7 @@ class DockerDiscoveryConfig(_Strict):
     label: str = "hicache-canary.enable=true"
     url_label: str = "hicache-canary.url"
     name_label: str = "hicache-canary.name"
-    port: Annotated[int, Field(ge=1, le=65535)] = 30000
+    port: Port = 30000
     refresh: Duration = 60.0
 
 
@@ -139,8 +150,8 @@ class ConfigFile(_Strict):
     defaults: TargetFields = TargetFields()
     targets: list[TargetConfig] = []
     discovery: DiscoveryConfig = DiscoveryConfig()
-    max_concurrent_probes: Annotated[int, Field(ge=1)] = 4
-    history_limit: Annotated[int, Field(ge=1, le=10000)] = 100
+    max_concurrent_probes: Annotated[int, Field(ge=1, strict=True)] = 4
+    history_limit: Annotated[int, Field(ge=1, le=10000, strict=True)] = 100
 
 
 # Built-in values for anything neither the target nor `defaults` sets.
@@ -242,9 +253,12 @@ def in_container() -> bool:
 
 def _read_secret(path: str, where: str, problems: list[str]) -> SecretStr | None:
     try:
-        value = Path(path).read_text(encoding="utf-8").strip()
+        value = read_text(path, MAX_SECRET_BYTES).strip()
     except OSError as exc:
         problems.append(f"{where}: cannot read {path}: {exc.strerror or exc}")
+        return None
+    except FileTooLarge as exc:
+        problems.append(f"{where}: {exc} (a secret file holds one key)")
         return None
     except UnicodeDecodeError:
         # Never echo the bytes: they are (part of) a secret.
@@ -339,7 +353,14 @@ def _message(err: Mapping[str, Any]) -> str:
             msg = msg[len(prefix):]
     if msg.startswith("Input should be "):
         msg = "must be " + msg[len("Input should be "):]
-    return msg.splitlines()[0]
+    msg = msg.splitlines()[0]
+    value = err.get("input")
+    if isinstance(value, bool):
+        # YAML 1.1 reads unquoted yes/no/on/off/true/false as booleans: `name: off` is False
+        words = "on, yes or true" if value else "off, no or false"
+        hint = f"YAML reads an unquoted {words} as the boolean {str(value).lower()}"
+        msg += f" ({hint}: put the name in quotes)" if kind == "string_type" else f" ({hint})"
+    return msg
 
 
 def _env_value(var: str, raw: str, check: Any, problems: list[str]) -> Any:
@@ -372,7 +393,7 @@ def _env_overrides(doc: dict[str, Any], env: Mapping[str, str], problems: list[s
         url = _env_value("HICACHE_CANARY_TARGET_URL", raw_url, validate_url, problems)
         name = env.get("HICACHE_CANARY_TARGET_NAME") or "sglang"
         if not NAME_RE.match(name):
-            problems.append(f"HICACHE_CANARY_TARGET_NAME: {name!r} is not a valid name (use 1-63 of a-z 0-9 _ . -)")
+            problems.append(f"HICACHE_CANARY_TARGET_NAME: {name!r} is not a valid name ({NAME_RULE})")
         elif url is not None:
             kept = next((t for t in targets if isinstance(t, dict) and t.get("name") == name), {})
             targets = [t for t in targets if not (isinstance(t, dict) and t.get("name") == name)]
@@ -407,15 +428,61 @@ def _mapping(doc: dict[str, Any], key: str, problems: list[str]) -> dict[str, An
     return value
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one silently:
+    a second `targets:` block would drop the first list without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *defaults` then an explicit key: overriding a merged key is the point
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get((type(key), key))  # typed: 1 and true are different keys to a reader
+            except TypeError:
+                continue  # an unhashable key: SafeLoader's own error names it
+            line = key_node.start_mark.line + 1
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first}); give each key once", key_node.start_mark
+                )
+            seen[(type(key), key)] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _key_problems(value: Any, where: str = "") -> list[str]:
+    """Keys that are not text (`1:`, `yes:`), reported by their value, not as a list index `[1]`."""
+    problems: list[str] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                if isinstance(k, bool):
+                    shown, kind = str(k).lower(), "a boolean"
+                elif isinstance(k, (int, float)):
+                    shown, kind = repr(k), "a number"
+                else:
+                    shown, kind = repr(k), "null" if k is None else f"a {type(k).__name__}"
+                problems.append(f"{where + '.' if where else ''}{shown}: unknown key ({kind}, not a name)")
+            else:
+                problems += _key_problems(v, f"{where}.{k}" if where else k)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            problems += _key_problems(v, f"{where}[{i}]")
+    return problems
+
+
 def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path, MAX_CONFIG_BYTES)
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read config: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:
         raise ConfigError([f"{path}: not UTF-8 text (byte {exc.start}); save the config as UTF-8"]) from None
+    except FileTooLarge as exc:
+        raise ConfigError([f"{exc}; not a config file?"]) from None
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -425,6 +492,9 @@ def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
         return {}
     if not isinstance(doc, dict):
         raise ConfigError([f"{path}: the top level must be a mapping, not {type(doc).__name__}"])
+    problems = _key_problems(doc)
+    if problems:
+        raise ConfigError(problems)
     return doc
 
 

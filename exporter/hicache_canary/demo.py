@@ -27,6 +27,7 @@ import httpx
 
 from .models import ProbeRecord, Verdict
 from .probe_cli import _usage_error, add_probe_options, load_key, positive_float, probe_once, settings_from_args, target_url
+from .shown import display_url
 
 DEMO_TIME_SCALE = 0.2
 DEMO_CONTEXT_TOKENS = 8192
@@ -113,7 +114,7 @@ def _run(runner: asyncio.Runner, args: argparse.Namespace) -> int:
     from .render import render_table, side_by_side
 
     if args.target:
-        rec = _probe(runner, args.target, args.target, args, load_key(args))
+        rec = _probe(runner, args.target, display_url(args.target), args, load_key(args))
         print(render_table(rec))
         return 3 if rec.verdict == Verdict.ERROR else 0
     if args.context_tokens is None:

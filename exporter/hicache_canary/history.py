@@ -14,15 +14,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from .models import ProbeRecord, Verdict
+from .shown import shown_text
 
-REDACTED = "<redacted>"
-
-
-def scrub(text: str, secrets: Iterable[str]) -> str:
-    for s in secrets:
-        if s:
-            text = text.replace(s, REDACTED)
-    return text
+MAX_EVIDENCE = 1000  # the client's messages are 300 characters; ours are a sentence or two
 
 
 def _num(v: float | None, digits: int = 4) -> float | None:
@@ -65,7 +59,7 @@ def record_to_dict(rec: ProbeRecord, secrets: Iterable[str] = ()) -> dict[str, A
         "verdict": rec.verdict.value if rec.verdict else None,
         "cause": rec.cause.value,
         "reason": rec.reason.value if rec.reason else None,
-        "evidence": scrub(rec.evidence or "", secrets),
+        "evidence": shown_text(rec.evidence or "", secrets, MAX_EVIDENCE),
         "context_tokens": rec.context_tokens,
         "api": rec.api,
         "rehost_cold_ratio": _num(rec.rehost_cold_ratio),

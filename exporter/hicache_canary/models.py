@@ -45,7 +45,8 @@ class Cause(str, Enum):
 class ErrorReason(str, Enum):
     """Why a probe ended in `error`. Never an exception text: those are unbounded."""
 
-    CONNECT_FAILED = "connect_failed"
+    CONNECT_FAILED = "connect_failed"  # no connection could be made (refused, DNS, connect timeout)
+    CONNECTION_LOST = "connection_lost"  # the server dropped an open connection mid-request
     TIMEOUT = "timeout"
     HTTP_5XX = "http_5xx"
     RATE_LIMITED = "rate_limited"

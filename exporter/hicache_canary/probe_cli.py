@@ -17,6 +17,7 @@ import sys
 from urllib.parse import urlsplit
 
 from .models import ProbeRecord, ProbeSettings, Verdict
+from .shown import display_url
 
 EXIT_CODES = {
     Verdict.REUSED: 0,
@@ -60,13 +61,16 @@ non_negative_float = _number(float, 0.0, False)
 
 
 def target_url(text: str) -> str:
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s)://host[:port] URL")
+    """The URL as given (its `user:password@`, if any, authenticates to a proxy in front of SGLang);
+    messages and everything printed use display_url(), which drops it."""
+    shown = display_url(text)
     try:
+        parts = urlsplit(text)
         parts.port
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} has an invalid port") from None
+        raise argparse.ArgumentTypeError(f"{shown!r} is not a valid URL (bad host or port)") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{shown!r} is not an http(s)://host[:port] URL")
     return text.rstrip("/")
 
 
@@ -132,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from .render import ProgressLine, record_json, render_table
 
     key = load_key(args)
-    settings = settings_from_args(args, args.target)
+    settings = settings_from_args(args, display_url(args.target))  # the record (printed, --json) names the URL without userinfo
     rec = asyncio.run(probe_once(args.target, settings, key, ProgressLine(sys.stderr)))
     if args.json:
         print(record_json(rec))

@@ -27,7 +27,8 @@ from types import MappingProxyType
 from typing import Any
 
 from .config import Target
-from .history import ResultHistory, record_to_dict, scrub
+from .history import MAX_EVIDENCE, ResultHistory, record_to_dict
+from .shown import shown_text
 from .models import CounterSnapshot, ErrorReason, Phase, ProbeRecord, ServerFacts, Verdict
 from .watch import WatchReading, WatchState, after_probe, delay_after_restart, observe, read_metrics, watch_period
 
@@ -43,8 +44,9 @@ LATENCY_PHASES = (Phase.COLD, Phase.REHOST, Phase.AGAIN)
 # Seconds; from a device hit (~0.1 s) to a cold 40K prefill (~15 s) and slow servers beyond.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0)
 SKIPS = (Verdict.SKIPPED_BUSY, Verdict.SKIPPED_BUDGET)
-# Reasons that mean we did not reach a working server (the rest are answers from it).
-DOWN_REASONS = (ErrorReason.CONNECT_FAILED, ErrorReason.TIMEOUT, ErrorReason.HTTP_5XX, ErrorReason.SERVER_RESTARTED)
+# Reasons that mean we did not reach a working server (the rest are answers from it). An HTTP 5xx is
+# an answer: the server is up (target_up 1) and says it failed; the probe's error reason tells which.
+DOWN_REASONS = (ErrorReason.CONNECT_FAILED, ErrorReason.CONNECTION_LOST, ErrorReason.TIMEOUT, ErrorReason.SERVER_RESTARTED)
 BUDGET_WINDOW_S = 3600.0
 
 
@@ -599,7 +601,7 @@ class Scheduler:
             rec.pressure.passive_tokens,
         )
         if rec.evidence:
-            log.debug("target %s: %s", r.target.name, scrub(rec.evidence, self._secrets))
+            log.debug("target %s: %s", r.target.name, shown_text(rec.evidence, self._secrets, MAX_EVIDENCE))
 
     def _publish(self, r: _Runner, snap: TargetSnapshot) -> None:
         r.snap = snap

@@ -2,11 +2,19 @@
 
 Every failure surfaces as one exception type, SGLangError, whose `.reason` is a closed
 models.ErrorReason (safe as a label) and whose text is a bounded one-liner that never contains
-the API key. Mapping: connect refused/reset/DNS -> CONNECT_FAILED (a connect that times out too:
-the server is unreachable, not slow); read/write/pool timeouts -> TIMEOUT; 401/403 -> UNAUTHORIZED;
+the API key: the key is scrubbed from the whole text before it is cut (shown.shown_text), and
+every public method scrubs what it raises. Mapping: connect refused/DNS -> CONNECT_FAILED (a
+connect that times out too: the server is unreachable, not slow); a connection that was open and
+then dropped (no answer, half an answer, reset) -> CONNECTION_LOST; read/write/pool timeouts ->
+TIMEOUT; 401/403 -> UNAUTHORIZED;
 429 -> RATE_LIMITED; 400 saying the input exceeds the context -> CONTEXT_TOO_LONG; other 4xx ->
 HTTP_4XX with SGLang's own message; 5xx -> HTTP_5XX; truncated bodies, bad JSON or wrong types ->
 BAD_RESPONSE.
+
+Bodies are read with a limit (MAX_METRICS_BYTES, MAX_JSON_BYTES): a server that streams without end
+costs a bounded amount of memory and ends in BAD_RESPONSE. Strings that end up in labels or on a
+terminal (version, write policy, speculative algorithm) are kept only when they look like one
+(shown.server_token), else they read `unrecognised`.
 
 Latency is measured here, client side, around the whole request (send, prefill, body read): it is
 what a user of the server waits, and what the rehost/cold ratio compares.
@@ -19,6 +27,7 @@ server (the canary reports dp_size so a human can tell).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -28,15 +37,19 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 
+from .files import MAX_SECRET_BYTES, FileTooLarge, read_text
 from .models import CachedTokens, CounterSnapshot, ErrorReason, GenerateResult, ServerFacts
+from .shown import display_url, server_token, shown_text
 from .sglang_metrics import parse_snapshot
 
 MAX_MESSAGE = 300
-MAX_SERVER_MESSAGE = 200
+MAX_NOT_JSON = 80  # of a body that should have been JSON, quoted in the message
+MAX_METRICS_BYTES = 16 << 20  # SGLang's /metrics with TP=8 and every histogram is well under 1 MiB
+MAX_JSON_BYTES = 4 << 20  # /server_info, /generate with max_new_tokens=1
 _CONTEXT_TOO_LONG = re.compile(
     r"longer than the model's context length|exceeds the maximum allowed length|context_length_exceeded"
     r"|maximum context length",
@@ -48,13 +61,21 @@ _ROUTER_KEYS = ("prefill", "decode", "workers", "worker_urls", "prefill_urls", "
 
 
 class SGLangError(Exception):
-    """A failed call to SGLang. `reason` is bounded; `status` is the HTTP status when there was one."""
+    """A failed call to SGLang. `reason` is bounded; `status` is the HTTP status when there was one.
 
-    def __init__(self, reason: ErrorReason, message: str, status: int | None = None):
+    `message` is what may be shown: `secrets` scrubbed from the whole text, then one line, then cut.
+    The uncut text is kept (privately) so the client can scrub keys the raiser did not know.
+    """
+
+    def __init__(self, reason: ErrorReason, message: str, status: int | None = None, secrets: tuple[str, ...] = ()):
         self.reason = reason
         self.status = status
-        self.message = _one_line(message, MAX_MESSAGE)
+        self._raw = str(message)
+        self.message = shown_text(self._raw, secrets, MAX_MESSAGE)
         super().__init__(self.message)
+
+    def scrubbed(self, secrets: tuple[str, ...]) -> SGLangError:
+        return SGLangError(self.reason, self._raw, self.status, secrets)
 
     def __repr__(self) -> str:
         return f"SGLangError({self.reason.value!r}, {self.message!r}, status={self.status!r})"
@@ -82,8 +103,9 @@ def load_api_key(env: str | None, file: str | None) -> str | None:
             return value
     if file:
         try:
-            with open(file, encoding="utf-8") as fh:
-                value = fh.read().strip()
+            value = read_text(file, MAX_SECRET_BYTES).strip()
+        except FileTooLarge as exc:
+            raise ValueError(f"API key file {exc} (a key file holds one key)") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"cannot read API key file {file}: {type(exc).__name__}") from None
         if not value:
@@ -134,7 +156,7 @@ def parse_server_info(body: Any) -> ServerFacts:
     if any(isinstance(body.get(k), (list, dict)) for k in _ROUTER_KEYS) or not (
         {"model_path", "version", "enable_hierarchical_cache"} & body.keys()
     ):
-        return ServerFacts(looks_like_router=True, version=_str(body, "version"))
+        return ServerFacts(looks_like_router=True, version=_token(body, "version"))
 
     hybrid = pick("uses_mamba_radix_cache")
     if hybrid is None:
@@ -142,17 +164,17 @@ def parse_server_info(body: Any) -> ServerFacts:
             if isinstance(override, list) and len(override) == 2 and isinstance(override[1], dict):
                 hybrid = override[1].get("uses_mamba_radix_cache", hybrid)
     return ServerFacts(
-        version=_str(body, "version"),
+        version=_token(body, "version"),
         model_path=_str(body, "model_path"),
         served_model_name=_str(body, "served_model_name"),
         enable_hierarchical_cache=bool(body.get("enable_hierarchical_cache")),
-        write_policy=_str(body, "hicache_write_policy"),
+        write_policy=_token(body, "hicache_write_policy"),
         page_size=_int(pick("page_size"), "page_size") or 1,
         chunked_prefill_size=_int(pick("chunked_prefill_size"), "chunked_prefill_size"),
         max_total_num_tokens=_int(pick("max_total_num_tokens"), "max_total_num_tokens"),
         max_req_input_len=_int(pick("max_req_input_len"), "max_req_input_len"),
         context_length=_int(pick("context_length"), "context_length"),
-        speculative_algorithm=_str(body, "speculative_algorithm"),
+        speculative_algorithm=_token(body, "speculative_algorithm"),
         hybrid_model=bool(hybrid),
         dp_size=_int(pick("dp_size"), "dp_size") or 1,
         tp_size=_int(pick("tp_size"), "tp_size") or 1,
@@ -211,6 +233,19 @@ def parse_completion(body: Any, latency_s: float) -> GenerateResult:
     )
 
 
+def _scrubbing(method):
+    """Re-raise any SGLangError from `method` scrubbed of this client's secrets (parse errors included)."""
+
+    @functools.wraps(method)
+    async def wrapper(self: SGLangClient, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(self, *args, **kwargs)
+        except SGLangError as exc:
+            raise exc.scrubbed(self._secrets) from None
+
+    return wrapper
+
+
 @lru_cache(maxsize=1)
 def _ssl_context() -> ssl.SSLContext:
     """One verifying TLS context per process, shared by every client.
@@ -236,7 +271,7 @@ class SGLangClient:
     ):
         self.base_url = base_url.rstrip("/")
         self.timeouts = Timeouts(connect=connect_timeout, read_small=small_timeout)
-        self._display = _display_url(self.base_url)
+        self._display = display_url(self.base_url)
         self._secrets = tuple(s for s in (api_key, _userinfo(self.base_url)) if s)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
@@ -255,23 +290,27 @@ class SGLangClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    # --- endpoints -----------------------------------------------------------------------
+    # --- endpoints (each scrubs what it raises: parse errors quote server text too) ---------
 
+    @_scrubbing
     async def server_info(self) -> ServerFacts:
         return parse_server_info(await self._server_info_json())
 
+    @_scrubbing
     async def raw_server_info(self) -> dict:
         body = await self._server_info_json()
         if not isinstance(body, dict):
             return {"_body": redact_server_info(body, self._secrets)}
         return redact_server_info(body, self._secrets)
 
+    @_scrubbing
     async def metrics_text(self) -> str:
-        resp = await self._request("GET", "/metrics", timeout=self._small(), not_found=False)
+        resp = await self._request("GET", "/metrics", timeout=self._small(), not_found=False, limit=MAX_METRICS_BYTES)
         if resp.status_code == 404:
             raise SGLangError(ErrorReason.BAD_RESPONSE, "GET /metrics: 404, metrics disabled (--enable-metrics)", 404)
         return resp.text
 
+    @_scrubbing
     async def metrics(self) -> CounterSnapshot:
         text = await self.metrics_text()
         return parse_snapshot(text, taken_at=time.time())
@@ -284,6 +323,7 @@ class SGLangClient:
             return False
         return resp.status_code == 200
 
+    @_scrubbing
     async def generate(
         self,
         input_ids: list[int],
@@ -303,6 +343,7 @@ class SGLangClient:
         body = self._json(resp, "POST /generate")
         return parse_generate(body, time.perf_counter() - start)
 
+    @_scrubbing
     async def completion(
         self,
         prompt: str | list[int],
@@ -350,14 +391,20 @@ class SGLangClient:
         json_body: Any = None,
         check: bool = True,
         not_found: bool = True,
-    ) -> httpx.Response:
-        """Send and read the whole body; map every failure to SGLangError.
+        limit: int = MAX_JSON_BYTES,
+    ) -> Reply:
+        """Send and read the whole body (at most `limit` bytes); map every failure to SGLangError.
 
         `check=False` returns any status; `not_found=False` returns a 404 to the caller.
         """
         where = f"{method} {path}"
         try:
-            resp = await self._http.request(method, path, json=json_body, timeout=timeout)
+            request = self._http.build_request(method, path, json=json_body, timeout=timeout)
+            stream = await self._http.send(request, stream=True)
+            try:
+                resp = Reply(stream.status_code, await _read_limited(stream, limit, where), stream.charset_encoding)
+            finally:
+                await stream.aclose()
         except httpx.ConnectTimeout:
             raise self._err(ErrorReason.CONNECT_FAILED, f"{where}: connect to {self._display} timed out") from None
         except httpx.TimeoutException as exc:
@@ -365,20 +412,23 @@ class SGLangClient:
         except httpx.ConnectError as exc:
             raise self._err(ErrorReason.CONNECT_FAILED, f"{where}: cannot connect to {self._display}: {exc}") from None
         except httpx.RemoteProtocolError as exc:
+            # The connection was open and the server dropped it: it died or was killed mid-request.
             if "without sending" in str(exc) and "response" in str(exc) and "body" not in str(exc):
-                raise self._err(ErrorReason.CONNECT_FAILED, f"{where}: server closed the connection before answering") from None
+                raise self._err(ErrorReason.CONNECTION_LOST, f"{where}: server closed the connection before answering") from None
+            if "peer closed connection" in str(exc):
+                raise self._err(ErrorReason.CONNECTION_LOST, f"{where}: server closed the connection mid-answer: {exc}") from None
             raise self._err(ErrorReason.BAD_RESPONSE, f"{where}: broken HTTP response: {exc}") from None
         except httpx.DecodingError as exc:
             raise self._err(ErrorReason.BAD_RESPONSE, f"{where}: undecodable body: {exc}") from None
         except (httpx.ReadError, httpx.WriteError) as exc:
-            raise self._err(ErrorReason.CONNECT_FAILED, f"{where}: connection lost: {type(exc).__name__} {exc}") from None
+            raise self._err(ErrorReason.CONNECTION_LOST, f"{where}: connection lost: {type(exc).__name__} {exc}") from None
         except httpx.HTTPError as exc:
             raise self._err(ErrorReason.CONNECT_FAILED, f"{where}: {type(exc).__name__}: {exc}") from None
         if not check or resp.is_success or (resp.status_code == 404 and not not_found):
             return resp
         raise self._status_error(where, resp)
 
-    def _status_error(self, where: str, resp: httpx.Response) -> SGLangError:
+    def _status_error(self, where: str, resp: Reply) -> SGLangError:
         code = resp.status_code
         said = _server_message(resp)
         text = f"{where}: HTTP {code}" + (f": {said}" if said else "")
@@ -394,24 +444,62 @@ class SGLangClient:
             return self._err(ErrorReason.HTTP_5XX, text, code)
         return self._err(ErrorReason.BAD_RESPONSE, f"{where}: unexpected HTTP {code}", code)
 
-    def _json(self, resp: httpx.Response, where: str) -> Any:
+    def _json(self, resp: Reply, where: str) -> Any:
         try:
             return json.loads(resp.content)
         except (ValueError, UnicodeDecodeError):
-            raise self._err(ErrorReason.BAD_RESPONSE, f"{where}: body is not JSON: {resp.text[:80]!r}") from None
+            # scrubbed before the cut: a key straddling character 80 must not survive in part
+            raise self._err(ErrorReason.BAD_RESPONSE, f"{where}: body is not JSON: {shown_text(resp.text, self._secrets, MAX_NOT_JSON)!r}") from None
 
     def _err(self, reason: ErrorReason, message: str, status: int | None = None) -> SGLangError:
-        for secret in self._secrets:
-            message = message.replace(secret, "***")
-        return SGLangError(reason, message, status)
+        return SGLangError(reason, message, status, self._secrets)
 
 
-def _server_message(resp: httpx.Response) -> str:
-    """SGLang's own error text: {"error": {"message"}}, {"message"}, FastAPI's {"detail"}, or the body."""
+@dataclass(frozen=True)
+class Reply:
+    """A whole (bounded) HTTP answer: what httpx.Response gave, without unbounded reads."""
+
+    status_code: int
+    content: bytes
+    encoding: str | None = None
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
+
+    @property
+    def text(self) -> str:
+        try:
+            return self.content.decode(self.encoding or "utf-8", errors="replace")
+        except LookupError:  # a charset Python does not know
+            return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+async def _read_limited(resp: httpx.Response, limit: int, where: str) -> bytes:
+    declared = resp.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise SGLangError(ErrorReason.BAD_RESPONSE, f"{where}: body of {int(declared)} bytes is larger than the {limit}-byte limit")
+    parts, size = [], 0
+    async for chunk in resp.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise SGLangError(ErrorReason.BAD_RESPONSE, f"{where}: body is larger than the {limit}-byte limit")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _server_message(resp: Reply) -> str:
+    """SGLang's own error text: {"error": {"message"}}, {"message"}, FastAPI's {"detail"}, or the body.
+
+    Never cut here: the caller scrubs the key from the whole text first, then cuts.
+    """
     try:
         body = resp.json()
-    except ValueError:
-        return _one_line(resp.text, MAX_SERVER_MESSAGE)
+    except (ValueError, UnicodeDecodeError):
+        return resp.text
     msg: Any = body
     if isinstance(body, dict):
         err = body.get("error")
@@ -423,24 +511,11 @@ def _server_message(resp: httpx.Response) -> str:
             msg = body.get("message", body.get("detail", body))
     if not isinstance(msg, str):
         msg = json.dumps(msg)
-    return _one_line(msg, MAX_SERVER_MESSAGE)
-
-
-def _one_line(text: str, limit: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return msg
 
 
 def _timeout_kind(exc: httpx.TimeoutException) -> str:
     return {httpx.ReadTimeout: "read", httpx.WriteTimeout: "write", httpx.PoolTimeout: "pool"}.get(type(exc), "request")
-
-
-def _display_url(url: str) -> str:
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def _userinfo(url: str) -> str | None:
@@ -456,8 +531,19 @@ def _int(value: Any, name: str) -> int | None:
         or not math.isfinite(value)
         or value != int(value)
     ):
-        raise SGLangError(ErrorReason.BAD_RESPONSE, f"{name} is not an integer: {str(value)[:40]!r}")
+        # a number is quoted; other JSON is not (a string could be any length, even an echoed key)
+        said = f": {value!r}" if isinstance(value, (int, float)) else f" but a JSON {_json_type(value)}"
+        raise SGLangError(ErrorReason.BAD_RESPONSE, f"{name} is not an integer{said}")
     return int(value)
+
+
+def _json_type(value: Any) -> str:
+    return {str: "string", list: "array", dict: "object", bool: "boolean"}.get(type(value), type(value).__name__)
+
+
+def _token(body: dict, key: str) -> str | None:
+    """A short name-like string from /server_info; anything else (20 KB, markup, escapes) is UNRECOGNISED."""
+    return server_token(_str(body, key))
 
 
 def _str(body: dict, key: str) -> str | None:

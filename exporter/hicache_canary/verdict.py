@@ -382,6 +382,9 @@ def decide(record: ProbeRecord, settings: ProbeSettings | None = None) -> Decisi
 
 
 def _from_shares(record, settings, r, dev, host, again_dev, source, lat, base, details: bool) -> Decision:
+    # Counter deltas cover every request in the window (a busy server's own host hits land there
+    # too) and R's cacheable part may be a page short of its length: R cannot have loaded more than R.
+    host = min(host, float(r))
     host_frac = host / r if r else 0.0
     base = dict(base, host_fraction=host_frac)
     if again_dev is not None and again_dev < DEVICE_SHARE_AGAIN_OK * r:
