@@ -377,7 +377,7 @@ def hicache_canary() -> dict[str, Any]:
           kind="stat", unit="s", w=8, h=7, color_mode="thresholds",
           thresholds=[(None, "green"), (3600, "yellow"), (4 * 3600, "red")]),
         P("Last error reason",
-          "The bounded reason of the last probe that ended in error (connect_failed, timeout, http_5xx, "
+          "The bounded reason of the last probe that ended in error (connect_failed, connection_lost, timeout, http_5xx, "
           "unauthorized, target_is_router, ...); it stays after later probes succeed. 'none since the "
           "exporter started' while no probe has failed.",
           [Q(f"hicache_canary_last_error_reason{{{T}}} == 1 or on (target) "

@@ -31,6 +31,7 @@ INCONCLUSIVE: dict[Verdict, str] = {
 
 ERRORS: dict[ErrorReason, str] = {
     ErrorReason.CONNECT_FAILED: "check the URL and the network from the exporter's host; is SGLang running?",
+    ErrorReason.CONNECTION_LOST: "SGLang (or a proxy) dropped the connection mid-request; read its log around the probe time for a crash or restart.",
     ErrorReason.TIMEOUT: "the server is overloaded or the prefill is slow on this GPU; raise the probe timeout or lower context_tokens.",
     ErrorReason.HTTP_5XX: "SGLang failed the request; read its log around the probe time.",
     ErrorReason.RATE_LIMITED: "a proxy in front of SGLang throttles the canary; probe SGLang directly.",
