@@ -165,8 +165,13 @@ def create_app(
     registry: CollectorRegistry,
     *,
     background: list[Callable[[], Awaitable[None]]] | None = None,
+    discovery: list[Any] | None = None,
+    shard: Any = None,
 ) -> FastAPI:
-    """`background`: extra coroutines run for the app's lifetime (docker discovery)."""
+    """`background`: extra coroutines run for the app's lifetime (discovery loops).
+
+    `discovery` (objects with `status()`) and `shard` (a sharding.ShardView) are shown in /api/targets.
+    """
     token = settings.probe_api_token.get_secret_value().encode() if settings.probe_api_token else None
 
     @asynccontextmanager
@@ -208,7 +213,12 @@ def create_app(
     async def api_targets() -> JSONResponse:
         snaps = scheduler.snapshot()
         views = [target_view(s, scheduler.history(n), secrets()) for n, s in sorted(snaps.items())]
-        return JSONResponse({"targets": views})
+        body: dict[str, Any] = {"targets": views}
+        if shard is not None:
+            body["shard"] = shard.summary()
+        if discovery:
+            body["discovery"] = [d.status() for d in discovery]
+        return JSONResponse(body)
 
     @app.get("/api/targets/{name}")
     async def api_target(name: str) -> JSONResponse:

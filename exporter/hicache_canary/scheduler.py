@@ -58,6 +58,24 @@ def start_offset(index: int, count: int, interval: float, spread_cap: float = 30
     return index * min(interval, spread_cap) / count
 
 
+def next_start(last_start: float | None, now: float, spacing: float) -> float:
+    """When the next probe may start: `spacing` after the previous start of any target.
+
+    Many targets may share a GPU host, a network link and this exporter's CPU; with a fixed interval
+    and a 10% jitter their probes drift into each other by chance, so starts are also spaced apart
+    across the whole exporter (on top of `max_concurrent_probes`, which caps how many run at once).
+    """
+    if last_start is None or spacing <= 0:
+        return now
+    return max(now, last_start + spacing)
+
+
+def watch_phase(period: float, rng: random.Random) -> float:
+    """First restart-watch poll of a target: anywhere in one period, so 200 targets' polls (and
+    their parsing on the probe thread) are spread over the period rather than arriving together."""
+    return period * rng.uniform(0.0, 1.0)
+
+
 def needs_confirmation(verdict: Verdict | None, streak: int) -> bool:
     """A `silent` that starts a new streak is re-probed early instead of after a whole interval.
 
@@ -226,6 +244,7 @@ class Scheduler:
         estimate_fn: EstimateFn | None = None,
         watch_fn: WatchFn | None = None,
         max_concurrent: int = 4,
+        probe_spacing: float = 0.0,
         history_limit: int = 100,
         secrets: list[str] | None = None,
         rng: random.Random | None = None,
@@ -239,6 +258,8 @@ class Scheduler:
         self._estimate_fn = estimate_fn
         self._watch_fn = watch_fn or _metrics_text
         self._sem = asyncio.Semaphore(max_concurrent)
+        self._spacing = probe_spacing
+        self._last_start: float | None = None  # event-loop time of the last probe start (reserved)
         self._history_limit = history_limit
         self._secrets = list(secrets or [])
         self._rng = rng or random.Random()
@@ -384,16 +405,17 @@ class Scheduler:
     # ---- the restart watch
 
     async def _watch_loop(self, r: _Runner, period: float) -> None:
+        await asyncio.sleep(watch_phase(period, self._rng))
         while True:
+            # While a probe runs it reads /metrics itself, and ends in error if the server restarts.
+            if not r.busy:
+                try:
+                    await self.watch_once(r.target.name)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the watch must outlive anything a server can send
+                    log.error("target %s: restart watch failed: %s", r.target.name, type(exc).__name__)
             await asyncio.sleep(period)
-            if r.busy:
-                continue  # a probe is reading /metrics itself and ends in error if the server restarts
-            try:
-                await self.watch_once(r.target.name)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the watch must outlive anything a server can send
-                log.error("target %s: restart watch failed: %s", r.target.name, type(exc).__name__)
 
     async def watch_once(self, name: str) -> bool:
         """One watch poll of target `name`; True when it found a restart (and moved the probe up)."""
@@ -444,11 +466,20 @@ class Scheduler:
     async def _cycle(self, r: _Runner) -> float | None:
         """One probe (or one skip). Returns the wait until the budget allows one, if it did not."""
         async with self._sem:
+            await self._pace()
             self._publish(r, replace(r.snap, in_progress=True, phase="preflight"))
             body = self._contact(r)
             rec, up, budget_wait = await (self._worker.run(body) if self._worker else body)
         self._apply(r, rec, up)
         return budget_wait
+
+    async def _pace(self) -> None:
+        """Wait for this probe's start slot (`next_start`); the slot is taken before waiting."""
+        loop = asyncio.get_running_loop()
+        at = next_start(self._last_start, loop.time(), self._spacing)
+        self._last_start = at
+        if at > loop.time():
+            await asyncio.sleep(at - loop.time())
 
     async def _contact(self, r: _Runner) -> tuple[ProbeRecord, bool | None, float | None]:
         """Everything that talks to the server; runs on the probe thread when offloading."""

@@ -56,24 +56,37 @@ def build(settings: Settings) -> Any:
     from .collector import CanaryCollector
     from .scheduler import Scheduler
 
+    from .sharding import ShardView
+
+    shard = ShardView(settings.shard)
+    # Static targets are sharded like discovered ones: every replica may run the same config.
+    mine = shard.keep("config", [t.name for t in settings.targets])
     scheduler = Scheduler(
-        settings.targets,
+        [t for t in settings.targets if t.name in mine],
         run_probe,
         _client_factory,
         estimate_fn=_estimate,
         max_concurrent=settings.max_concurrent_probes,
+        probe_spacing=settings.probe_spacing,
         history_limit=settings.history_limit,
         secrets=settings.secrets(),
         offload=True,
     )
     registry = CollectorRegistry(auto_describe=True)
     registry.register(CanaryCollector(scheduler.snapshot))
-    background = []
+    sources: list[Any] = []
     if settings.docker is not None:
         from .discovery import DockerDiscovery
 
-        background.append(DockerDiscovery(settings, scheduler).run)
-    return create_app(settings, scheduler, registry, background=background)
+        sources.append(DockerDiscovery(settings, scheduler, shard))
+    if settings.prometheus_sd is not None or settings.file_sd is not None:
+        from .prometheus_sd import FileSDDiscovery, PrometheusDiscovery
+
+        if settings.file_sd is not None:
+            sources.append(FileSDDiscovery(settings, scheduler, shard))
+        if settings.prometheus_sd is not None:
+            sources.append(PrometheusDiscovery(settings, scheduler, shard))
+    return create_app(settings, scheduler, registry, background=[d.run for d in sources], discovery=sources, shard=shard)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,13 +111,15 @@ def run(args: argparse.Namespace) -> int:
     sys.setswitchinterval(0.001)
     host = args.host or settings.listen_host
     port = args.port or settings.listen_port
+    found_by = [n for n, on in (("docker", settings.docker), ("prometheus", settings.prometheus_sd), ("file_sd", settings.file_sd)) if on]
     log.info(
-        "serving on http://%s:%d: %d target(s) [%s]%s; probe API %s",
+        "serving on http://%s:%d: %d target(s) [%s]%s%s; probe API %s",
         host,
         port,
         len(settings.targets),
         ", ".join(f"{t.name}={t.url}" for t in settings.targets),
-        ", docker discovery on" if settings.docker else "",
+        f", discovery: {', '.join(found_by)}" if found_by else "",
+        f", shard {settings.shard}" if settings.shard.count > 1 else "",
         "enabled" if settings.probe_api_token else "disabled (no token)",
     )
     config = uvicorn.Config(
