@@ -19,6 +19,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,6 +32,7 @@ from .discovery import Discovery, DiscoveryError, Found, target_name
 from .sharding import ShardView
 
 log = logging.getLogger("hicache_canary.discovery")
+ADDRESS_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:\d{1,5})?$")  # host, name or [v6], then :port
 
 
 def _skip_or_found(raw_name: str | None, url: str, origin: str, seen: set[str], found: list[Found], skipped: list[str]) -> None:
@@ -98,9 +100,9 @@ def targets_from_groups(doc: Any, where: str, scheme: str, name_label: str) -> t
         for ti, address in enumerate(targets):
             origin = f"{where} [{gi}].targets[{ti}]"
             try:
+                if not ADDRESS_RE.match(address.strip()):
+                    raise ValueError("is not host:port")
                 url = validate_url(f"{group_scheme}://{address.strip()}")
-                if urlsplit(url).path:
-                    raise ValueError("must be host:port, without a path")
             except ValueError as exc:
                 skipped.append(f"{origin}: {address!r} {exc}")
                 continue
