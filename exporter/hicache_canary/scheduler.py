@@ -427,15 +427,19 @@ class Scheduler:
             r.watch, restart = observe(r.watch, reading, reachable)
         s = r.snap
         restart = restart and not r.busy  # a probe started meanwhile: it is already the answer
-        self._publish(
-            r,
-            replace(
-                s,
-                up=s.up if reachable is None else reachable,
-                watch_errors=s.watch_errors + (1 if failed else 0),
-                restarts_detected=s.restarts_detected + (1 if restart else 0),
-            ),
-        )
+        up = s.up if reachable is None else reachable
+        # A quiet poll changes nothing: publishing it anyway would re-render the target's /metrics
+        # lines 200 times a minute in a fleet, for nothing.
+        if up != s.up or failed or restart:
+            self._publish(
+                r,
+                replace(
+                    s,
+                    up=up,
+                    watch_errors=s.watch_errors + (1 if failed else 0),
+                    restarts_detected=s.restarts_detected + (1 if restart else 0),
+                ),
+            )
         if restart:
             t = r.target
             delay = delay_after_restart(t.restart_probe_delay_s, t.interval_s)
