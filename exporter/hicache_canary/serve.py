@@ -106,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every request at INFO: a line per /metrics poll of every probe drowns the verdicts
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
-    # Probes parse on their own thread; hand the GIL back to the serving loop every 1 ms (not 5)
-    # so a scrape never waits long behind a parse.
+    # Probes run in their own process (probe_worker.py); what threads remain here (gzip of a large
+    # /metrics, docker discovery) hand the GIL back to the serving loop every 1 ms, not 5.
     sys.setswitchinterval(0.001)
     host = args.host or settings.listen_host
     port = args.port or settings.listen_port
