@@ -35,11 +35,11 @@ async def test_a_probe_runs_in_the_worker_and_its_phases_come_back_in_order():
     w = ProbeProcess(FNS)
     phases: list[str] = []
     try:
-        rec, up, need = await w.call("contact", target(), 10**6, on_phase=phases.append)
+        rec, up, need = await w.call("contact", target(), 10**6, None, on_phase=phases.append)
         assert rec.verdict == Verdict.REUSED and up is True and need == 1000
         assert rec.evidence != f"pid {os.getpid()}"  # it ran in another process
         assert phases == ["cold", "pressure", "rehost", "again"]
-        rec, _, need = await w.call("contact", target(), 10)  # over budget: no probe, the need comes back
+        rec, _, need = await w.call("contact", target(), 10, None)  # over budget: no probe, the need comes back
         assert rec is None and need == 1000
         reading, reachable, failed = await w.call("watch", target())
         assert dict(reading.counters) == {"prompt_tokens_total": 42.0} and reading.start_time == 7 and reachable and not failed
@@ -52,7 +52,7 @@ async def test_a_cancelled_call_cancels_the_probe_in_the_worker(tmp_path, monkey
     monkeypatch.setenv("FAKE_PROBE_BLOCK", str(marker))
     w = ProbeProcess(FNS)
     try:
-        call = asyncio.ensure_future(w.call("contact", target(), 10**6))
+        call = asyncio.ensure_future(w.call("contact", target(), 10**6, None))
         await asyncio.sleep(1.0)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -70,14 +70,14 @@ async def test_a_dead_worker_fails_its_calls_and_is_replaced(tmp_path, monkeypat
     monkeypatch.setenv("FAKE_PROBE_BLOCK", str(tmp_path / "x"))
     w = ProbeProcess(FNS)
     try:
-        call = asyncio.ensure_future(w.call("contact", target(), 10**6))
+        call = asyncio.ensure_future(w.call("contact", target(), 10**6, None))
         await asyncio.sleep(1.0)
         os.kill(w._proc.pid, signal.SIGKILL)  # our own child
         with pytest.raises(WorkerFailed, match="exited"):
             await call
         monkeypatch.delenv("FAKE_PROBE_BLOCK")  # the replacement inherits the environment as it is now
         dead = w._proc.pid
-        rec, _, _ = await w.call("contact", target(), 10**6)
+        rec, _, _ = await w.call("contact", target(), 10**6, None)
         assert rec.verdict == Verdict.REUSED and w._proc.pid != dead
     finally:
         await w.close(timeout=5)

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import Settings
-from .exposition import Exposition
+from .exposition import PROMETHEUS_ACCEPT, Exposition
 from .history import record_to_dict
 from .scheduler import Scheduler, TargetSnapshot, Trigger
 from .statuspage import render_status_page
@@ -146,6 +146,7 @@ def create_app(
         import asyncio
 
         scheduler.start()
+        metrics.warm(PROMETHEUS_ACCEPT, b"")
         extra = [asyncio.create_task(fn()) for fn in (background or [])]
         app.state.background = extra
         try:

@@ -31,7 +31,10 @@ from .scheduler import TargetSnapshot
 
 log = logging.getLogger("hicache_canary.exposition")
 INLINE_MAX_BYTES = 256 * 1024  # up to ~20 targets: rebuilt inside the scrape, so always fresh
+INLINE_MAX_TARGETS = 20  # more than this and even the first body is built in slices
 GZIP_LEVEL = 1  # 2 MB in ~3 ms (level 9: ~55 ms) for 20% more bytes
+# What Prometheus 2.x and 3.x send first; warm() builds that format and plain text at startup.
+PROMETHEUS_ACCEPT = b"application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
 REBUILD_GAP_S = 0.05  # at most ~20 background rebuilds a second, however fast state changes
 
 
@@ -82,6 +85,7 @@ class Format:
         self.frags: dict[str, tuple[TargetSnapshot, list[str]]] = {}
         self.body: Body | None = None
         self.wake = asyncio.Event()
+        self.first = asyncio.Event()  # set once a body exists
         self.task: asyncio.Task[None] | None = None
 
     def stale(self, snaps: Mapping[str, TargetSnapshot]) -> list[str]:
@@ -109,6 +113,7 @@ class Format:
             self.render(name, snaps[name])
         raw = self.assemble(snaps)
         self.body = Body(snaps, raw, gzip.compress(raw, GZIP_LEVEL))
+        self.first.set()
         return self.body
 
     async def build_in_slices(self, snaps: Mapping[str, TargetSnapshot]) -> None:
@@ -141,17 +146,32 @@ class Exposition:
                 self._by_accept[accept] = fmt
         return fmt
 
-    def body(self, fmt: Format) -> Body:
+    async def body(self, fmt: Format) -> Body:
         snaps = self.snapshots()
         body = fmt.body
         if body is not None and body.version is snaps:
             return body
+        if body is None and len(snaps) > INLINE_MAX_TARGETS:
+            # The very first body of a large exposition: built in slices like any rebuild, and
+            # waited for (once per format; warm() builds Prometheus' format at startup).
+            self._kick(fmt)
+            await fmt.first.wait()
+            assert fmt.body is not None
+            return fmt.body
         if body is None or len(body.raw) <= INLINE_MAX_BYTES:
             return fmt.build_inline(snaps)
+        self._kick(fmt)
+        return body
+
+    def _kick(self, fmt: Format) -> None:
         if fmt.task is None or fmt.task.done():
             fmt.task = asyncio.get_running_loop().create_task(self._rebuild(fmt), name=f"metrics-rebuild:{fmt.content_type}")
         fmt.wake.set()
-        return body
+
+    def warm(self, *accepts: bytes) -> None:
+        """Build these formats' first bodies now, in the background (called at startup)."""
+        for accept in accepts:
+            self._kick(self.format_for(accept))
 
     async def _rebuild(self, fmt: Format) -> None:
         """Keeps `fmt.body` following the snapshots while scrapes ask for it."""
@@ -165,6 +185,8 @@ class Exposition:
                 await fmt.build_in_slices(snaps)
             except Exception as exc:  # a rendering bug must not end /metrics: keep the last body
                 log.error("rebuilding /metrics failed: %s", type(exc).__name__)
+            if fmt.body is not None:
+                fmt.first.set()
             await asyncio.sleep(REBUILD_GAP_S)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -179,7 +201,7 @@ class Exposition:
             elif k == b"accept-encoding" and b"gzip" in v:
                 gz = True
         fmt = self.format_for(accept)
-        body = self.body(fmt)
+        body = await self.body(fmt)
         data = body.gz if gz else body.raw
         headers = [(b"content-type", fmt.content_type.encode()), (b"content-length", str(len(data)).encode())]
         if gz:

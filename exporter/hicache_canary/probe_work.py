@@ -55,8 +55,14 @@ async def watch_read(fns: ProbeFunctions, t: Target) -> WatchResult:
         await close_client(client)
 
 
-async def contact(fns: ProbeFunctions, t: Target, remaining: int, on_phase: Callable[[str], None]) -> ContactResult:
-    """Estimate the probe's tokens; run it if `remaining` (of the hour's budget) covers them."""
+async def contact(fns: ProbeFunctions, t: Target, remaining: int, on_phase: Callable[[str], None],
+                  not_before: float | None = None) -> ContactResult:
+    """Estimate the probe's tokens; run it if `remaining` (of the hour's budget) covers them.
+
+    `not_before` (wall clock): the probe's start slot (scheduler.next_start). The estimate's two
+    reads come first and take a varying few ms to a few hundred under load; waiting for the slot
+    after them is what keeps probe starts exactly `probe_spacing` apart.
+    """
     up: bool | None = None
     client = fns.client_factory(t)
     try:
@@ -71,6 +77,8 @@ async def contact(fns: ProbeFunctions, t: Target, remaining: int, on_phase: Call
                 log.debug("target %s: estimate failed (%s)", t.name, type(exc).__name__)
         if need > remaining:
             return None, up, need
+        if not_before is not None and not_before > time.time():
+            await asyncio.sleep(not_before - time.time())
         return await _probe(fns, client, t, on_phase), up, need
     finally:
         await close_client(client)

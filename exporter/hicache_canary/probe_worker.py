@@ -62,7 +62,10 @@ class ProbeProcess:
         if self._starting is None:
             self._starting = asyncio.Lock()
         async with self._starting:
-            if self._proc is None or self._proc.returncode is not None:
+            # The reader ends when the pipe does: the process is gone even if not yet reaped.
+            if self._proc is None or self._reader_task is None or self._reader_task.done():
+                if self._proc is not None and self._proc.returncode is None:
+                    self._proc.kill()  # a half-dead worker (its pipe closed): make sure it is gone
                 self._proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "hicache_canary.probe_worker",
                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=2**26)
@@ -159,8 +162,8 @@ async def _child(proto_fd: int) -> None:
     async def run(job: int, what: str, args: tuple[Any, ...]) -> None:
         try:
             if what == "contact":
-                t, remaining = args
-                value: Any = await contact(fns, t, remaining, lambda name: send(("phase", job, name)))
+                t, remaining, not_before = args
+                value: Any = await contact(fns, t, remaining, lambda name: send(("phase", job, name)), not_before)
             elif what == "watch":
                 value = await watch_read(fns, *args)
             else:

@@ -46,6 +46,9 @@ LATENCY_PHASES = (Phase.COLD, Phase.REHOST, Phase.AGAIN)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0)
 SKIPS = (Verdict.SKIPPED_BUSY, Verdict.SKIPPED_BUDGET)
 BUDGET_WINDOW_S = 3600.0
+# The preflight (estimate: /server_info and /metrics) begins this long before the probe's start
+# slot, so the probe proper starts on the slot even when those reads are slow.
+PREFLIGHT_ALLOWANCE_S = 0.3
 
 
 # ---------------------------------------------------------------- pure decisions
@@ -454,21 +457,29 @@ class Scheduler:
     async def _cycle(self, r: _Runner) -> float | None:
         """One probe (or one skip). Returns the wait until the budget allows one, if it did not."""
         async with self._sem:
-            await self._pace()
+            slot = await self._pace()
             self._publish(r, replace(r.snap, in_progress=True, phase="preflight"))
-            rec, up, budget_wait = await self._contact(r)
+            rec, up, budget_wait = await self._contact(r, slot)
         self._apply(r, rec, up)
         return budget_wait
 
-    async def _pace(self) -> None:
-        """Wait for this probe's start slot (`next_start`); the slot is taken before waiting."""
+    async def _pace(self) -> float | None:
+        """Take this probe's start slot (`next_start`) and wait until its preflight may begin.
+
+        Returns the slot in wall-clock time (None with no spacing): the probe itself starts there,
+        after the preflight reads (probe_work.contact), so starts are spaced exactly.
+        """
+        if self._spacing <= 0:
+            return None
         loop = asyncio.get_running_loop()
         at = next_start(self._last_start, loop.time(), self._spacing)
         self._last_start = at
-        if at > loop.time():
-            await asyncio.sleep(at - loop.time())
+        preflight_at = at - min(PREFLIGHT_ALLOWANCE_S, self._spacing / 2)
+        if preflight_at > loop.time():
+            await asyncio.sleep(preflight_at - loop.time())
+        return self._wall() + (at - loop.time())
 
-    async def _contact(self, r: _Runner) -> tuple[ProbeRecord, bool | None, float | None]:
+    async def _contact(self, r: _Runner, slot: float | None = None) -> tuple[ProbeRecord, bool | None, float | None]:
         """Everything that talks to the server, here or in the probe worker process."""
         t = r.target
         # Only this target's cycle touches its window while it runs, so reading it here is safe.
@@ -480,9 +491,9 @@ class Scheduler:
 
         try:
             if self._worker is not None:
-                rec, up, need = await self._worker.call("contact", t, remaining, on_phase=on_phase)
+                rec, up, need = await self._worker.call("contact", t, remaining, slot, on_phase=on_phase)
             else:
-                rec, up, need = await contact(self._fns, t, remaining, on_phase)
+                rec, up, need = await contact(self._fns, t, remaining, on_phase, slot)
         except WorkerFailed as exc:
             log.error("target %s: %s", t.name, exc)
             return crash_record(t.name, started, "internal error: the probe worker process failed"), None, None
