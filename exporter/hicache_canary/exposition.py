@@ -2,16 +2,18 @@
 
 Rendering through prometheus_client costs ~17 us per sample, ~2 ms per target (about 117 samples
 each): at 200 targets a full render is ~400 ms of the serving loop, and gzip at level 9 another
-50 ms. So each target's samples are rendered once per snapshot of that target (the scheduler
-swaps a target's snapshot only when something about it changed), family by family, with
-prometheus_client's own encoders; a body is the family headers with every target's pre-rendered
-lines spliced in, gzipped (level 1) on a worker thread, where zlib runs without the interpreter
-lock.
+50 ms. So each target's sample lines are written once per snapshot of that target (the scheduler
+swaps a target's snapshot only when something about it changed), family by family; a body is the
+family headers (prometheus_client's own, per format) with every target's lines spliced in,
+gzipped (level 1) on a worker thread, where zlib runs without the interpreter lock. The sample
+lines are the same in the text format and in OpenMetrics for every family we export (both
+prometheus_client encoders write `name{sorted labels} value`); tests/test_exposition.py holds the
+result byte for byte to prometheus_client's output in both.
 
 A scrape serves the newest body at once. When state has changed since that body was built, a small
-exposition (a few targets) is rebuilt on the spot, so it is always fresh; a large one is rebuilt by
-a background task in slices of one target, so no scrape ever waits for it, and a scrape may lag a
-state change by one rebuild (tens of milliseconds; Prometheus scrapes every 15 s or so).
+exposition (up to 20 targets) is rebuilt on the spot, so it is always fresh; a large one is kept
+up to date by a background task (at most every half second, one target per slice), so no scrape
+waits for it, and a scrape may lag a state change by about half a second.
 """
 
 from __future__ import annotations
@@ -25,17 +27,19 @@ from typing import Any
 
 from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.utils import floatToGoString
 
 from .collector import CanaryCollector
 from .scheduler import TargetSnapshot
 
 log = logging.getLogger("hicache_canary.exposition")
-INLINE_MAX_BYTES = 256 * 1024  # up to ~20 targets: rebuilt inside the scrape, so always fresh
-INLINE_MAX_TARGETS = 20  # more than this and even the first body is built in slices
+# Up to this many targets (a few ms to write them all, ~250 kB) a scrape after a change rebuilds the
+# body itself, so it is always fresh; beyond, bodies are rebuilt in the background.
+INLINE_MAX_TARGETS = 20
 GZIP_LEVEL = 1  # 2 MB in ~3 ms (level 9: ~55 ms) for 20% more bytes
+REBUILD_GAP_S = 0.5  # a large body lags a change by at most this plus one rebuild
 # What Prometheus 2.x and 3.x send first; warm() builds that format and plain text at startup.
 PROMETHEUS_ACCEPT = b"application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
-REBUILD_GAP_S = 0.05  # at most ~20 background rebuilds a second, however fast state changes
 
 
 class _Families:
@@ -46,6 +50,25 @@ class _Families:
 
     def collect(self) -> Iterable[Metric]:
         return iter(self._fams)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def sample_lines(fams: Iterable[Metric]) -> list[str]:
+    """Each family's sample lines, as both prometheus_client encoders write them for our names."""
+    out = []
+    for fam in fams:
+        lines = []
+        for s in fam.samples:
+            if s.labels:
+                labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(s.labels.items()))
+                lines.append(f"{s.name}{{{labels}}} {floatToGoString(s.value)}\n")
+            else:
+                lines.append(f"{s.name} {floatToGoString(s.value)}\n")
+        out.append("".join(lines))
+    return out
 
 
 def split_families(text: str) -> tuple[list[str], list[str]]:
@@ -73,56 +96,24 @@ class Body:
 
 
 class Format:
-    """One exposition format (text 0.0.4, OpenMetrics): per-target fragments and the newest body."""
+    """One exposition format (text 0.0.4, OpenMetrics): its family headers and its newest body."""
 
     def __init__(self, encoder: Callable[[Any], bytes], content_type: str, collector: CanaryCollector):
-        self.encoder = encoder
         self.content_type = content_type
-        self.collector = collector
         text = encoder(_Families(collector.global_families())).decode()
         self.heads, self.globals = split_families(text)
         self.trailer = "# EOF\n" if text.rstrip().endswith("# EOF") else ""
-        self.frags: dict[str, tuple[TargetSnapshot, list[str]]] = {}
         self.body: Body | None = None
-        self.wake = asyncio.Event()
         self.first = asyncio.Event()  # set once a body exists
-        self.task: asyncio.Task[None] | None = None
 
-    def stale(self, snaps: Mapping[str, TargetSnapshot]) -> list[str]:
-        return [n for n, s in snaps.items() if (f := self.frags.get(n)) is None or f[0] is not s]
-
-    def render(self, name: str, s: TargetSnapshot) -> None:
-        text = self.encoder(_Families(self.collector.target_families(name, s))).decode()
-        heads, samples = split_families(text)
-        self.frags[name] = (s, samples)
-
-    def assemble(self, snaps: Mapping[str, TargetSnapshot]) -> bytes:
-        for gone in set(self.frags) - set(snaps):
-            del self.frags[gone]
-        names = sorted(snaps)
+    def assemble(self, names: list[str], frags: Mapping[str, tuple[TargetSnapshot, list[str]]]) -> bytes:
         parts: list[str] = []
         for i, head in enumerate(self.heads):
             parts.append(head)
-            parts.extend(self.frags[n][1][i] for n in names)
+            parts.extend([frags[n][1][i] for n in names])
             parts.append(self.globals[i])
         parts.append(self.trailer)
         return "".join(parts).encode()
-
-    def build_inline(self, snaps: Mapping[str, TargetSnapshot]) -> Body:
-        for name in self.stale(snaps):
-            self.render(name, snaps[name])
-        raw = self.assemble(snaps)
-        self.body = Body(snaps, raw, gzip.compress(raw, GZIP_LEVEL))
-        self.first.set()
-        return self.body
-
-    async def build_in_slices(self, snaps: Mapping[str, TargetSnapshot]) -> None:
-        for name in self.stale(snaps):
-            self.render(name, snaps[name])
-            await asyncio.sleep(0)  # one target at a time: a scrape waits at most one target's render
-        raw = self.assemble(snaps)
-        gz = await asyncio.to_thread(gzip.compress, raw, GZIP_LEVEL)
-        self.body = Body(snaps, raw, gz)
 
 
 class Exposition:
@@ -133,8 +124,10 @@ class Exposition:
         self.snapshots = snapshots
         self.fallback = fallback
         self.collector = collector or CanaryCollector(snapshots)
+        self.frags: dict[str, tuple[TargetSnapshot, list[str]]] = {}  # target -> (its snapshot, its lines)
         self._formats: dict[str, Format] = {}  # by content type
         self._by_accept: dict[bytes, Format] = {}
+        self._task: asyncio.Task[None] | None = None
 
     def format_for(self, accept: bytes) -> Format:
         fmt = self._by_accept.get(accept)
@@ -146,47 +139,70 @@ class Exposition:
                 self._by_accept[accept] = fmt
         return fmt
 
+    def stale(self, snaps: Mapping[str, TargetSnapshot]) -> list[str]:
+        return [n for n, s in snaps.items() if (f := self.frags.get(n)) is None or f[0] is not s]
+
+    def render(self, name: str, s: TargetSnapshot) -> None:
+        self.frags[name] = (s, sample_lines(self.collector.target_families(name, s)))
+
+    def _names(self, snaps: Mapping[str, TargetSnapshot]) -> list[str]:
+        for gone in [n for n in self.frags if n not in snaps]:
+            del self.frags[gone]
+        return sorted(snaps)
+
+    def build_inline(self, fmt: Format, snaps: Mapping[str, TargetSnapshot]) -> Body:
+        for name in self.stale(snaps):
+            self.render(name, snaps[name])
+        raw = fmt.assemble(self._names(snaps), self.frags)
+        fmt.body = Body(snaps, raw, gzip.compress(raw, GZIP_LEVEL))
+        fmt.first.set()
+        return fmt.body
+
     async def body(self, fmt: Format) -> Body:
         snaps = self.snapshots()
         body = fmt.body
         if body is not None and body.version is snaps:
             return body
-        if body is None and len(snaps) > INLINE_MAX_TARGETS:
-            # The very first body of a large exposition: built in slices like any rebuild, and
-            # waited for (once per format; warm() builds Prometheus' format at startup).
-            self._kick(fmt)
+        if len(snaps) <= INLINE_MAX_TARGETS:
+            return self.build_inline(fmt, snaps)
+        self._start()
+        if body is None:
+            # The very first body of a large exposition is waited for, once per format (warm()
+            # builds Prometheus' format and plain text at startup, before anyone scrapes).
             await fmt.first.wait()
             assert fmt.body is not None
             return fmt.body
-        if body is None or len(body.raw) <= INLINE_MAX_BYTES:
-            return fmt.build_inline(snaps)
-        self._kick(fmt)
         return body
 
-    def _kick(self, fmt: Format) -> None:
-        if fmt.task is None or fmt.task.done():
-            fmt.task = asyncio.get_running_loop().create_task(self._rebuild(fmt), name=f"metrics-rebuild:{fmt.content_type}")
-        fmt.wake.set()
+    def _start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._rebuild(), name="metrics-rebuild")
 
     def warm(self, *accepts: bytes) -> None:
-        """Build these formats' first bodies now, in the background (called at startup)."""
+        """Keep these formats' bodies built from now on, in the background (called at startup)."""
         for accept in accepts:
-            self._kick(self.format_for(accept))
+            self.format_for(accept)
+        self._start()
 
-    async def _rebuild(self, fmt: Format) -> None:
-        """Keeps `fmt.body` following the snapshots while scrapes ask for it."""
+    async def _rebuild(self) -> None:
+        """Keeps every format's body following the snapshots, whether or not anyone scrapes."""
         while True:
-            await fmt.wake.wait()
-            fmt.wake.clear()
             snaps = self.snapshots()
-            if fmt.body is not None and fmt.body.version is snaps:
-                continue
-            try:
-                await fmt.build_in_slices(snaps)
-            except Exception as exc:  # a rendering bug must not end /metrics: keep the last body
-                log.error("rebuilding /metrics failed: %s", type(exc).__name__)
-            if fmt.body is not None:
-                fmt.first.set()
+            todo = [f for f in self._formats.values() if f.body is None or f.body.version is not snaps]
+            if todo:
+                try:
+                    for name in self.stale(snaps):
+                        self.render(name, snaps[name])
+                        await asyncio.sleep(0)  # one target at a time: a scrape waits at most one target
+                    names = self._names(snaps)
+                    for fmt in todo:
+                        raw = fmt.assemble(names, self.frags)
+                        gz = await asyncio.to_thread(gzip.compress, raw, GZIP_LEVEL)
+                        fmt.body = Body(snaps, raw, gz)
+                        fmt.first.set()
+                except Exception as exc:  # a rendering bug must not end /metrics: keep the last bodies
+                    log.error("rebuilding /metrics failed: %s", type(exc).__name__)
+            # Polling the snapshots' identity costs nothing; a rebuild of 200 targets a few ms.
             await asyncio.sleep(REBUILD_GAP_S)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -210,6 +226,5 @@ class Exposition:
         await send({"type": "http.response.body", "body": b"" if scope.get("method") == "HEAD" else data})
 
     async def aclose(self) -> None:
-        for fmt in self._formats.values():
-            if fmt.task is not None:
-                fmt.task.cancel()
+        if self._task is not None:
+            self._task.cancel()

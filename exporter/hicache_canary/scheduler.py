@@ -472,7 +472,8 @@ class Scheduler:
         if self._spacing <= 0:
             return None
         loop = asyncio.get_running_loop()
-        at = next_start(self._last_start, loop.time(), self._spacing)
+        # Never sooner than the allowance either, or the first probe would start when its preflight ends.
+        at = max(next_start(self._last_start, loop.time(), self._spacing), loop.time() + min(PREFLIGHT_ALLOWANCE_S, self._spacing / 2))
         self._last_start = at
         preflight_at = at - min(PREFLIGHT_ALLOWANCE_S, self._spacing / 2)
         if preflight_at > loop.time():

@@ -134,5 +134,12 @@ def run(args: argparse.Namespace) -> int:
         server_header=False,
     )
     server = uvicorn.Server(config)
+    # Everything imported and built so far lives as long as the process. A full collection walks it
+    # all (~60,000 objects: 15-20 ms, during which no scrape is answered); frozen, the collector
+    # only walks what the exporter creates from now on.
+    import gc
+
+    gc.collect()
+    gc.freeze()
     server.run()
     return 0 if server.started else 1
