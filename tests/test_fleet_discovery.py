@@ -258,3 +258,22 @@ def test_two_shards_split_twenty_targets_with_no_overlap_and_no_gap(tmp_path):
         for p, _ in shards:
             p.stop()
         sim.stop()
+
+
+def test_bad_discovery_keys_are_config_errors_naming_the_key(tmp_path):
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("discovery:\n  prometheus: {enabled: true, url: 'ftp://prom', job: ''}\n"
+                   "  file_sd: {enabled: true, files: [], scheme: gopher}\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(cfg, {})
+    lines = str(err.value).splitlines()
+    assert [line.split(":")[0] for line in lines] == ["discovery.prometheus.url", "discovery.prometheus.job",
+                                                      "discovery.file_sd.files", "discovery.file_sd.scheme"]
+    assert lines[0] == "discovery.prometheus.url: must start with http:// or https://"
+
+
+def test_discovery_alone_is_a_valid_config(tmp_path):
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("discovery:\n  prometheus: {enabled: true, url: 'http://prom:9090', job: sglang, refresh: 15s}\n")
+    s = load_settings(cfg, {})
+    assert s.targets == () and s.prometheus_sd.job == "sglang" and s.prometheus_sd.refresh == 15 and s.probe_spacing == 1.0
