@@ -32,7 +32,9 @@ def target():
 
 
 async def test_a_probe_runs_in_the_worker_and_its_phases_come_back_in_order():
-    w = ProbeProcess(FNS)
+    # Named, as the exporter names them: only the worker imports them.
+    w = ProbeProcess(ProbeFunctions("worker_fakes:probe", "worker_fakes:client_factory", "worker_fakes:estimate",
+                                    "worker_fakes:metrics_text"))
     phases: list[str] = []
     try:
         rec, up, need = await w.call("contact", target(), 10**6, None, on_phase=phases.append)

@@ -8,6 +8,7 @@ is picklable data: a Target in, a ProbeRecord (or a watch reading) and phase nam
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -26,12 +27,26 @@ DOWN_REASONS = (ErrorReason.CONNECT_FAILED, ErrorReason.TIMEOUT, ErrorReason.HTT
 
 @dataclass(frozen=True)
 class ProbeFunctions:
-    """What talks to SGLang: canary.run_probe and SGLangClient in production, fakes in tests."""
+    """What talks to SGLang: canary.run_probe and SGLangClient in production, fakes in tests.
 
-    probe_fn: Callable[..., Awaitable[ProbeRecord]] | None  # (client, ProbeSettings, *, progress=...) -> record
-    client_factory: Callable[[Target], Any]  # -> an object with `async aclose()`
-    estimate_fn: Callable[[Any, Target], Awaitable[int]] | None  # tokens the next probe will send; may raise
-    watch_fn: Callable[[Any], Awaitable[str]]  # client -> SGLang's /metrics text; raises like SGLangClient
+    Each may be given as `"module:name"` instead of the function: the exporter passes names, so
+    only the probe worker imports the canary, httpx and the SGLang parsers (~7 MB the serving
+    process does not need); `resolve()` imports them where they run.
+    """
+
+    probe_fn: Callable[..., Awaitable[ProbeRecord]] | str | None  # (client, ProbeSettings, *, progress=...) -> record
+    client_factory: Callable[[Target], Any] | str  # -> an object with `async aclose()`
+    estimate_fn: Callable[[Any, Target], Awaitable[int]] | str | None  # tokens the next probe will send; may raise
+    watch_fn: Callable[[Any], Awaitable[str]] | str  # client -> SGLang's /metrics text; raises like SGLangClient
+
+    def resolve(self) -> ProbeFunctions:
+        def load(ref: Any) -> Any:
+            if not isinstance(ref, str):
+                return ref
+            module, _, name = ref.partition(":")
+            return getattr(importlib.import_module(module), name)
+
+        return ProbeFunctions(load(self.probe_fn), load(self.client_factory), load(self.estimate_fn), load(self.watch_fn))
 
 
 WatchResult = tuple[WatchReading | None, bool | None, bool]  # (reading, reachable (None: cannot tell), failed)
@@ -39,6 +54,8 @@ ContactResult = tuple[ProbeRecord | None, bool | None, int]  # (record, or None 
 
 
 async def watch_read(fns: ProbeFunctions, t: Target) -> WatchResult:
+    """One restart-watch poll (`fns` resolved)."""
+    assert callable(fns.client_factory) and callable(fns.watch_fn)
     client = fns.client_factory(t)
     try:
         text = await fns.watch_fn(client)
@@ -64,6 +81,7 @@ async def contact(fns: ProbeFunctions, t: Target, remaining: int, on_phase: Call
     after them is what keeps probe starts exactly `probe_spacing` apart.
     """
     up: bool | None = None
+    assert callable(fns.client_factory) and not isinstance(fns.estimate_fn, str)
     client = fns.client_factory(t)
     try:
         need = 3 * t.probe.context_tokens  # R's three sends at least, if the server can't tell us more
@@ -94,7 +112,7 @@ async def _probe(fns: ProbeFunctions, client: Any, t: Target, on_phase: Callable
 
     started = time.time()
     try:
-        assert fns.probe_fn is not None
+        assert callable(fns.probe_fn)
         return await fns.probe_fn(client, t.probe, progress=progress)
     except asyncio.CancelledError:
         raise

@@ -152,6 +152,7 @@ async def _child(proto_fd: int) -> None:
     writer = asyncio.StreamWriter(transport, protocol, reader, loop)
     kind, fns, level = await _read(reader)
     assert kind == "init" and isinstance(fns, ProbeFunctions)
+    fns = fns.resolve()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(max(logging.WARNING, level))
     tasks: dict[int, asyncio.Task[None]] = {}

@@ -241,11 +241,11 @@ class Scheduler:
     def __init__(
         self,
         targets: list[Target] | tuple[Target, ...],
-        probe_fn: ProbeFn,
-        client_factory: ClientFactory,
+        probe_fn: ProbeFn | str | None,
+        client_factory: ClientFactory | str,
         *,
-        estimate_fn: EstimateFn | None = None,
-        watch_fn: WatchFn | None = None,
+        estimate_fn: EstimateFn | str | None = None,
+        watch_fn: WatchFn | str | None = None,
         max_concurrent: int = 4,
         probe_spacing: float = 0.0,
         history_limit: int = 100,
@@ -299,6 +299,8 @@ class Scheduler:
         self._stopping = False
         if self._offload and self._worker is None:
             self._worker = ProbeProcess(self._fns)  # started by its first call
+        elif not self._offload:
+            self._fns = self._fns.resolve()
         n = len(self._runners)
         for i, r in enumerate(self._runners.values()):
             self._spawn(r, self._initial_delay(i, n, r.target.interval_s))

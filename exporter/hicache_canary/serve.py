@@ -1,8 +1,8 @@
 """`hicache-canary serve`: load the config, wire scheduler + collector + app, run uvicorn (one worker).
 
 A bad config exits 2 with one line per problem before anything starts. The probe function is
-canary.run_probe and clients are SGLangClient; both are imported here only, so the rest of the
-exporter can be tested with fakes. Logs carry target names, verdicts and reasons, never an API
+canary.run_probe and clients are SGLangClient; both are named here only (and imported only by the
+probe worker process, probe_worker.py), so the rest of the exporter can be tested with fakes. Logs carry target names, verdicts and reasons, never an API
 key or the probe token.
 """
 
@@ -52,7 +52,6 @@ def build(settings: Settings) -> Any:
     from prometheus_client import CollectorRegistry
 
     from .app import create_app
-    from .canary import run_probe
     from .collector import CanaryCollector
     from .scheduler import Scheduler
 
@@ -61,11 +60,12 @@ def build(settings: Settings) -> Any:
     shard = ShardView(settings.shard)
     # Static targets are sharded like discovered ones: every replica may run the same config.
     mine = shard.keep("config", [t.name for t in settings.targets])
+    # By name: only the probe worker process imports the canary, httpx and the SGLang parsers.
     scheduler = Scheduler(
         [t for t in settings.targets if t.name in mine],
-        run_probe,
-        _client_factory,
-        estimate_fn=_estimate,
+        "hicache_canary.canary:run_probe",
+        "hicache_canary.serve:_client_factory",
+        estimate_fn="hicache_canary.serve:_estimate",
         max_concurrent=settings.max_concurrent_probes,
         probe_spacing=settings.probe_spacing,
         history_limit=settings.history_limit,
