@@ -9,8 +9,8 @@ some probes a fault is switched on in the simulator (`/_sim/faults`: 5xx, 429, m
 reply slower than the request timeout, metric families missing) or the simulator restarts
 (`/_sim/restart`), and switched off after.
 
-Measured on the exporter process: RSS (`VmRSS` in /proc/<pid>/status), open file descriptors
-(entries of /proc/<pid>/fd) and the number of series on `/metrics` (label cardinality). A table at
+Measured on the exporter process and its probe worker, summed: RSS (`VmRSS` in /proc/<pid>/status),
+open file descriptors (entries of /proc/<pid>/fd) and the number of series on `/metrics` (label cardinality). A table at
 the start (after one warm-up probe), at 25/50/75/100 %, and the slope per 100 probes from 25 % on
 (the first quarter includes imports and caches warming up). Exit 1 when a resource kept growing:
 file descriptors up by more than 5, series up at all, RSS up by more than 10 MB from 25 % to the end,
@@ -101,9 +101,19 @@ class Sample:
     series: int
 
 
+def tree(pid: int) -> list[int]:
+    """The exporter and its children (the probe worker process)."""
+    out = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
 def measure(pid: int, exporter: str, probes: int, t0: float) -> Sample:
-    rss_kb = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS:"))
-    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    rss_kb = fds = 0
+    for p in tree(pid):
+        rss_kb += next(int(line.split()[1]) for line in Path(f"/proc/{p}/status").read_text().splitlines() if line.startswith("VmRSS:"))
+        fds += len(os.listdir(f"/proc/{p}/fd"))
     text = httpx.get(exporter + "/metrics", timeout=10).text
     series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     return Sample(probes, time.monotonic() - t0, rss_kb / 1024, fds, series)

@@ -55,7 +55,7 @@ ROWS = [
     ("url-port-out-of-range", 'targets:\n  - {name: a, url: "http://h:99999"}\n', {}, "targets[0].url: not a valid URL (Port out of range 0-65535)"),
     ("url-with-query", 'targets:\n  - {name: a, url: "http://h:1/?target=http://evil"}\n', {}, "targets[0].url: must not have a query or fragment"),
     ("url-bare-words", 'targets:\n  - {name: a, url: "not a url"}\n', {}, "targets[0].url: must start with http:// or https://"),
-    ("no-targets-empty-file", "", {}, "targets: at least one target is required (or set HICACHE_CANARY_TARGET_URL, or enable discovery.docker)"),
+    ("no-targets-empty-file", "", {}, "targets: at least one target is required (or set HICACHE_CANARY_TARGET_URL, or enable discovery.docker, discovery.prometheus or discovery.file_sd)"),
     ("key-file-is-directory", target("api_key_file: {dir}"), {}, "targets[0].api_key_file: cannot read {dir}: Is a directory"),
     ("key-file-empty", target("api_key_file: {dir}/empty"), {}, "targets[0].api_key_file: {dir}/empty is empty"),
     ("token-file-empty", "probe_api_token_file: {dir}/empty\n" + target(), {}, "probe_api_token_file: {dir}/empty is empty"),

@@ -23,7 +23,7 @@ INVALID = [
     ("invalid-duration.yml", "targets[0].interval: '10 minutes' is not a duration (use 30s, 10m, 1h or a number of seconds)"),
     ("invalid-duplicate-names.yml", "targets[1].name: duplicate name 'a' (also targets[0])"),
     ("invalid-bad-name.yml", "targets[0].name: 'GPU 0' is not a valid name (use 1-63 of a-z 0-9 _ . -, starting with a letter or digit)"),
-    ("invalid-no-targets.yml", "targets: at least one target is required (or set HICACHE_CANARY_TARGET_URL, or enable discovery.docker)"),
+    ("invalid-no-targets.yml", "targets: at least one target is required (or set HICACHE_CANARY_TARGET_URL, or enable discovery.docker, discovery.prometheus or discovery.file_sd)"),
     ("invalid-key-file-unreadable.yml", "targets[0].api_key_file: cannot read /nonexistent/hicache-canary/sglang_api_key: No such file or directory"),
     ("invalid-key-env-and-file.yml", "targets[0]: set api_key_env or api_key_file, not both"),
     ("invalid-api-choice.yml", "targets[0].api: must be 'auto', 'native' or 'openai'"),
@@ -110,7 +110,7 @@ def test_bad_env_override_names_the_variable():
     assert err.value.problems == [
         "HICACHE_CANARY_TARGET_URL: must start with http:// or https://",
         "HICACHE_CANARY_INTERVAL: 'soon' is not a duration (use 30s, 10m, 1h or a number of seconds)",
-        "targets: at least one target is required (or set HICACHE_CANARY_TARGET_URL, or enable discovery.docker)",
+        "targets: at least one target is required (or set HICACHE_CANARY_TARGET_URL, or enable discovery.docker, discovery.prometheus or discovery.file_sd)",
     ]
 
 

@@ -21,6 +21,7 @@ from hicache_canary.scheduler import (
     jittered,
     needs_confirmation,
     next_delay,
+    next_start,
     start_offset,
 )
 
@@ -589,3 +590,38 @@ async def test_no_watch_when_it_would_not_poll_more_often_than_the_probes():
         finally:
             await s.stop()
     assert server.reads == 0
+
+
+# ------------------------------------------------------------------ a fleet: start spacing
+
+
+def test_next_start_is_spacing_after_the_previous_start():
+    assert next_start(None, 100.0, 1.0) == 100.0  # the first probe starts at once
+    assert next_start(100.0, 100.2, 1.0) == 101.0  # too soon: wait for the slot
+    assert next_start(100.0, 105.0, 1.0) == 105.0  # long enough ago: at once
+    assert next_start(100.0, 100.2, 0.0) == 100.2  # spacing 0: off
+
+
+async def test_probes_of_many_targets_start_spacing_apart_and_the_cap_holds():
+    starts: list[float] = []
+    running = 0
+    peak = 0
+
+    async def probe(client, settings, *, progress=None):
+        nonlocal running, peak
+        starts.append(time.monotonic())
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.25)  # longer than the spacing: several run at once, up to the cap
+        running -= 1
+        return record(settings, Verdict.REUSED, 0, None)
+
+    s = sched(probe, targets(6), max_concurrent=2, probe_spacing=0.1)  # all six due at once
+    s.start()
+    try:
+        await until(lambda: len(starts) == 6, timeout=10, what="six probes")
+    finally:
+        await s.stop()
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert min(gaps) >= 0.095, gaps  # never two starts closer than the spacing
+    assert peak == 2  # and never more than max_concurrent at once

@@ -23,6 +23,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import Settings
+from .exposition import PROMETHEUS_ACCEPT, Exposition
 from .history import record_to_dict
 from .scheduler import Scheduler, TargetSnapshot, Trigger
 from .statuspage import render_status_page
@@ -79,44 +80,10 @@ async def _too_large(scope: Scope, receive: Receive, send: Send, limit: int) -> 
     await resp(scope, receive, send)
 
 
-class CachedMetrics:
-    """Serves make_asgi_app's answer again while the scheduler's snapshot is the same object.
-
-    Rendering is ~17 us per sample (about 130 per target), all on the event loop; 20 scrapers at
-    once would queue behind each other. The snapshot mapping is immutable and swapped on every
-    change, and every exported value derives from it, so its identity is an exact cache key.
-    """
-
-    def __init__(self, app: Callable[..., Awaitable[None]], version: Callable[[], object]):
-        self.app = app
-        self.version = version
-        self._key: tuple[Any, ...] | None = None
-        self._messages: list[Message] = []
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = dict(scope.get("headers", []))
-        snap = self.version()
-        key = (snap, headers.get(b"accept"), headers.get(b"accept-encoding"), scope.get("query_string"))
-        if self._key is not None and self._key[0] is snap and self._key[1:] == key[1:]:
-            for msg in self._messages:
-                await send(msg)
-            return
-        captured: list[Message] = []
-
-        async def capture(msg: Message) -> None:
-            captured.append(msg)
-            await send(msg)
-
-        await self.app(scope, receive, capture)
-        status = next((m.get("status") for m in captured if m["type"] == "http.response.start"), None)
-        if status == 200:
-            self._key, self._messages = key, captured
-
-
 class MetricsFastPath:
     """ASGI middleware: GET /metrics goes straight to the cached exposition."""
 
-    def __init__(self, app: ASGIApp, metrics: CachedMetrics):
+    def __init__(self, app: ASGIApp, metrics: Exposition):
         self.app = app
         self.metrics = metrics
 
@@ -165,8 +132,13 @@ def create_app(
     registry: CollectorRegistry,
     *,
     background: list[Callable[[], Awaitable[None]]] | None = None,
+    discovery: list[Any] | None = None,
+    shard: Any = None,
 ) -> FastAPI:
-    """`background`: extra coroutines run for the app's lifetime (docker discovery)."""
+    """`background`: extra coroutines run for the app's lifetime (discovery loops).
+
+    `discovery` (objects with `status()`) and `shard` (a sharding.ShardView) are shown in /api/targets.
+    """
     token = settings.probe_api_token.get_secret_value().encode() if settings.probe_api_token else None
 
     @asynccontextmanager
@@ -174,6 +146,7 @@ def create_app(
         import asyncio
 
         scheduler.start()
+        metrics.warm(PROMETHEUS_ACCEPT, b"")
         extra = [asyncio.create_task(fn()) for fn in (background or [])]
         app.state.background = extra
         try:
@@ -182,11 +155,12 @@ def create_app(
             for t in extra:
                 t.cancel()
             await asyncio.gather(*extra, return_exceptions=True)
+            await metrics.aclose()
             await scheduler.stop()
 
     app = FastAPI(title="hicache-canary", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit)
-    metrics = CachedMetrics(make_asgi_app(registry=registry), scheduler.snapshot)
+    metrics = Exposition(scheduler.snapshot, make_asgi_app(registry=registry))
     app.router.routes.append(Route("/metrics", metrics, methods=["GET"]))
     # Outermost, so a scrape skips routing and FastAPI's per-request machinery (~half its cost).
     app.add_middleware(MetricsFastPath, metrics=metrics)
@@ -208,7 +182,12 @@ def create_app(
     async def api_targets() -> JSONResponse:
         snaps = scheduler.snapshot()
         views = [target_view(s, scheduler.history(n), secrets()) for n, s in sorted(snaps.items())]
-        return JSONResponse({"targets": views})
+        body: dict[str, Any] = {"targets": views}
+        if shard is not None:
+            body["shard"] = shard.summary()
+        if discovery:
+            body["discovery"] = [d.status() for d in discovery]
+        return JSONResponse(body)
 
     @app.get("/api/targets/{name}")
     async def api_target(name: str) -> JSONResponse:

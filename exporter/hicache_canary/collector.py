@@ -161,6 +161,19 @@ class CanaryCollector(Collector):
         fams["build"].add_metric([__version__], 1.0)
         return iter(fams.values())
 
+    def target_families(self, name: str, s: TargetSnapshot) -> list[Metric]:
+        """Every family with only target `name`'s samples (exposition.py renders targets one by one)."""
+        fams = _families()
+        self._target(fams, name, s)
+        return list(fams.values())
+
+    def global_families(self) -> list[Metric]:
+        """Every family with only the samples that belong to no target (config, build)."""
+        fams = _families()
+        fams["reload"].add_metric([], 1.0 if self._config_ok() else 0.0)
+        fams["build"].add_metric([__version__], 1.0)
+        return list(fams.values())
+
     def _target(self, fams: dict[str, Metric], name: str, s: TargetSnapshot) -> None:
         last = s.last
         verdict = last.verdict.value if last and last.verdict else None

@@ -139,8 +139,64 @@ class DockerDiscoveryConfig(_Strict):
     refresh: Duration = 60.0
 
 
+class PrometheusDiscoveryConfig(_Strict):
+    """Targets from a Prometheus server's own service discovery: its active targets of one job."""
+
+    enabled: bool = False
+    url: str = "http://127.0.0.1:9090"
+    job: str = Field(default="sglang", min_length=1)  # the `job` label of the targets, as in PromQL
+    name_label: str = Field(default="instance", min_length=1)  # target label that names a canary target
+    refresh: Duration = 60.0
+    timeout: Duration = 10.0
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return validate_url(v)
+
+
+class FileSDDiscoveryConfig(_Strict):
+    """Targets from Prometheus file_sd files (JSON or YAML target groups), re-read every `refresh`."""
+
+    enabled: bool = False
+    files: Annotated[list[str], Field(min_length=1)] = ["/etc/hicache-canary/targets/*.json"]
+    name_label: str = Field(default="instance", min_length=1)
+    scheme: Literal["http", "https"] = "http"  # unless a group sets the `__scheme__` label
+    refresh: Duration = 30.0
+
+
 class DiscoveryConfig(_Strict):
     docker: DockerDiscoveryConfig = DockerDiscoveryConfig()
+    prometheus: PrometheusDiscoveryConfig = PrometheusDiscoveryConfig()
+    file_sd: FileSDDiscoveryConfig = FileSDDiscoveryConfig()
+
+
+_SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This replica's share of the targets: `index` of `count` (0-based), written `i/N`."""
+
+    index: int = 0
+    count: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def parse_shard(value: Any) -> Shard:
+    """`"1/4"` -> Shard(1, 4): replica 1 of 4, counted from 0."""
+    m = _SHARD_RE.match(value) if isinstance(value, str) else None
+    if m is None:
+        raise ValueError(f"{value!r} is not a shard (write i/N, e.g. 0/2: replica 0 of 2, counted from 0)")
+    index, count = int(m.group(1)), int(m.group(2))
+    if count < 1 or index >= count:
+        raise ValueError(f"{value!r}: need 0 <= i < N (replicas are counted from 0)")
+    return Shard(index, count)
+
+
+ShardSpec = Annotated[Shard, BeforeValidator(lambda v: v if isinstance(v, Shard) else parse_shard(v))]
 
 
 class ConfigFile(_Strict):
@@ -152,6 +208,9 @@ class ConfigFile(_Strict):
     discovery: DiscoveryConfig = DiscoveryConfig()
     max_concurrent_probes: Annotated[int, Field(ge=1, strict=True)] = 4
     history_limit: Annotated[int, Field(ge=1, le=10000, strict=True)] = 100
+    # Least time between two probe starts of this exporter (0: no spacing); see scheduler.StartPacer.
+    probe_spacing: Annotated[float, BeforeValidator(lambda v: parse_duration(v, allow_zero=True))] = 1.0
+    shard: ShardSpec = Shard()
 
 
 # Built-in values for anything neither the target nor `defaults` sets.
@@ -215,6 +274,14 @@ class Settings:
     max_concurrent_probes: int = 4
     history_limit: int = 100
     source: str = "<env>"
+    prometheus_sd: PrometheusDiscoveryConfig | None = None
+    file_sd: FileSDDiscoveryConfig | None = None
+    probe_spacing: float = 1.0
+    shard: Shard = Shard()
+
+    @property
+    def discovery_on(self) -> bool:
+        return any(x is not None for x in (self.docker, self.prometheus_sd, self.file_sd))
 
     def secrets(self) -> list[str]:
         """Every secret value in use, for scrubbing text before it leaves the process."""
@@ -410,6 +477,11 @@ def _env_overrides(doc: dict[str, Any], env: Mapping[str, str], problems: list[s
                 targets = [({**t, key: value} if isinstance(t, dict) else t) for t in targets]
     if targets is not None:
         doc["targets"] = targets
+    if env.get("HICACHE_CANARY_SHARD"):
+        # A StatefulSet gives each replica its index: `value: "$(POD_INDEX)/3"` in the pod spec.
+        shard = _env_value("HICACHE_CANARY_SHARD", env["HICACHE_CANARY_SHARD"], parse_shard, problems)
+        if shard is not None:
+            doc["shard"] = shard
     if env.get("HICACHE_CANARY_LISTEN_PORT"):
         port = _env_value("HICACHE_CANARY_LISTEN_PORT", env["HICACHE_CANARY_LISTEN_PORT"], _port, problems)
         if port is not None:
@@ -515,8 +587,11 @@ def load_settings(path: str | os.PathLike[str] | None, env: Mapping[str, str] = 
             problems.append(f"targets[{i}].name: duplicate name {t.name!r} (also targets[{seen[t.name]}])")
         seen.setdefault(t.name, i)
     docker = cfg.discovery.docker if cfg.discovery.docker.enabled else None
-    if not cfg.targets and docker is None:
-        problems.append("targets: at least one target is required (or set HICACHE_CANARY_TARGET_URL, or enable discovery.docker)")
+    prom_sd = cfg.discovery.prometheus if cfg.discovery.prometheus.enabled else None
+    file_sd = cfg.discovery.file_sd if cfg.discovery.file_sd.enabled else None
+    if not cfg.targets and docker is None and prom_sd is None and file_sd is None:
+        problems.append("targets: at least one target is required (or set HICACHE_CANARY_TARGET_URL, or enable "
+                        "discovery.docker, discovery.prometheus or discovery.file_sd)")
 
     token: SecretStr | None = None
     if cfg.probe_api_token_env and cfg.probe_api_token_file:
@@ -549,4 +624,8 @@ def load_settings(path: str | os.PathLike[str] | None, env: Mapping[str, str] = 
         max_concurrent_probes=cfg.max_concurrent_probes,
         history_limit=cfg.history_limit,
         source=str(path) if path else "<env>",
+        prometheus_sd=prom_sd,
+        file_sd=file_sd,
+        probe_spacing=cfg.probe_spacing,
+        shard=cfg.shard,
     )

@@ -19,7 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def summary(settings: Settings) -> str:
     names = ", ".join(t.name for t in settings.targets) or "none"
-    docker = "docker discovery on" if settings.docker else "no discovery"
+    on = [n for n, v in (("docker", settings.docker), ("prometheus", settings.prometheus_sd), ("file_sd", settings.file_sd)) if v]
+    docker = f"{' + '.join(on)} discovery on" if on else "no discovery"
+    if settings.shard.count > 1:
+        docker += f", shard {settings.shard}"
     api = "probe API enabled" if settings.probe_api_token else "probe API disabled (no token)"
     return (
         f"config OK: {len(settings.targets)} target(s) ({names}), {docker}, "

@@ -30,7 +30,9 @@ from .config import Target
 from .history import MAX_EVIDENCE, ResultHistory, record_to_dict
 from .shown import shown_text
 from .models import CounterSnapshot, ErrorReason, Phase, ProbeRecord, ServerFacts, Verdict
-from .watch import WatchReading, WatchState, after_probe, delay_after_restart, observe, read_metrics, watch_period
+from .probe_work import DOWN_REASONS, ProbeFunctions, contact, crash_record, watch_read
+from .probe_worker import ProbeProcess, WorkerFailed
+from .watch import WatchState, after_probe, delay_after_restart, observe, watch_period
 
 log = logging.getLogger("hicache_canary.scheduler")
 
@@ -44,10 +46,10 @@ LATENCY_PHASES = (Phase.COLD, Phase.REHOST, Phase.AGAIN)
 # Seconds; from a device hit (~0.1 s) to a cold 40K prefill (~15 s) and slow servers beyond.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0)
 SKIPS = (Verdict.SKIPPED_BUSY, Verdict.SKIPPED_BUDGET)
-# Reasons that mean we did not reach a working server (the rest are answers from it). An HTTP 5xx is
-# an answer: the server is up (target_up 1) and says it failed; the probe's error reason tells which.
-DOWN_REASONS = (ErrorReason.CONNECT_FAILED, ErrorReason.CONNECTION_LOST, ErrorReason.TIMEOUT, ErrorReason.SERVER_RESTARTED)
 BUDGET_WINDOW_S = 3600.0
+# The preflight (estimate: /server_info and /metrics) begins this long before the probe's start
+# slot, so the probe proper starts on the slot even when those reads are slow.
+PREFLIGHT_ALLOWANCE_S = 0.3
 
 
 # ---------------------------------------------------------------- pure decisions
@@ -58,6 +60,24 @@ def start_offset(index: int, count: int, interval: float, spread_cap: float = 30
     if count <= 1:
         return 0.0
     return index * min(interval, spread_cap) / count
+
+
+def next_start(last_start: float | None, now: float, spacing: float) -> float:
+    """When the next probe may start: `spacing` after the previous start of any target.
+
+    Many targets may share a GPU host, a network link and this exporter's CPU; with a fixed interval
+    and a 10% jitter their probes drift into each other by chance, so starts are also spaced apart
+    across the whole exporter (on top of `max_concurrent_probes`, which caps how many run at once).
+    """
+    if last_start is None or spacing <= 0:
+        return now
+    return max(now, last_start + spacing)
+
+
+def watch_phase(period: float, rng: random.Random) -> float:
+    """First restart-watch poll of a target: anywhere in one period, so 200 targets' polls (and
+    their parsing in the probe worker) are spread over the period rather than arriving together."""
+    return period * rng.uniform(0.0, 1.0)
 
 
 def needs_confirmation(verdict: Verdict | None, streak: int) -> bool:
@@ -222,12 +242,13 @@ class Scheduler:
     def __init__(
         self,
         targets: list[Target] | tuple[Target, ...],
-        probe_fn: ProbeFn,
-        client_factory: ClientFactory,
+        probe_fn: ProbeFn | str | None,
+        client_factory: ClientFactory | str,
         *,
-        estimate_fn: EstimateFn | None = None,
-        watch_fn: WatchFn | None = None,
+        estimate_fn: EstimateFn | str | None = None,
+        watch_fn: WatchFn | str | None = None,
         max_concurrent: int = 4,
+        probe_spacing: float = 0.0,
         history_limit: int = 100,
         secrets: list[str] | None = None,
         rng: random.Random | None = None,
@@ -236,11 +257,10 @@ class Scheduler:
         initial_delay: Callable[[int, int, float], float] = start_offset,
         offload: bool = False,
     ):
-        self._probe_fn = probe_fn
-        self._client_factory = client_factory
-        self._estimate_fn = estimate_fn
-        self._watch_fn = watch_fn or _metrics_text
+        self._fns = ProbeFunctions(probe_fn, client_factory, estimate_fn, watch_fn or _metrics_text)
         self._sem = asyncio.Semaphore(max_concurrent)
+        self._spacing = probe_spacing
+        self._last_start: float | None = None  # event-loop time of the last probe start (reserved)
         self._history_limit = history_limit
         self._secrets = list(secrets or [])
         self._rng = rng or random.Random()
@@ -248,8 +268,7 @@ class Scheduler:
         self._wall = wall
         self._initial_delay = initial_delay
         self._offload = offload
-        self._worker: ProbeThread | None = None
-        self._main_loop: asyncio.AbstractEventLoop | None = None
+        self._worker: ProbeProcess | None = None
         self._runners: dict[str, _Runner] = {t.name: _Runner(t, history_limit) for t in targets}
         self._lock = threading.Lock()
         self._published: Mapping[str, TargetSnapshot] = MappingProxyType({})
@@ -279,9 +298,10 @@ class Scheduler:
     def start(self) -> None:
         self._started = True
         self._stopping = False
-        self._main_loop = asyncio.get_running_loop()
         if self._offload and self._worker is None:
-            self._worker = ProbeThread()
+            self._worker = ProbeProcess(self._fns)  # started by its first call
+        elif not self._offload:
+            self._fns = self._fns.resolve()
         n = len(self._runners)
         for i, r in enumerate(self._runners.values()):
             self._spawn(r, self._initial_delay(i, n, r.target.interval_s))
@@ -301,7 +321,7 @@ class Scheduler:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._worker is not None:
-            # wait for cancelled probes to finish closing their connections, then end the thread
+            # wait for cancelled probes to finish closing their connections, then end the process
             await self._worker.close()
             self._worker = None
         self._started = False
@@ -386,36 +406,47 @@ class Scheduler:
     # ---- the restart watch
 
     async def _watch_loop(self, r: _Runner, period: float) -> None:
+        await asyncio.sleep(watch_phase(period, self._rng))
         while True:
+            # While a probe runs it reads /metrics itself, and ends in error if the server restarts.
+            if not r.busy:
+                try:
+                    await self.watch_once(r.target.name)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the watch must outlive anything a server can send
+                    log.error("target %s: restart watch failed: %s", r.target.name, type(exc).__name__)
             await asyncio.sleep(period)
-            if r.busy:
-                continue  # a probe is reading /metrics itself and ends in error if the server restarts
-            try:
-                await self.watch_once(r.target.name)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the watch must outlive anything a server can send
-                log.error("target %s: restart watch failed: %s", r.target.name, type(exc).__name__)
 
     async def watch_once(self, name: str) -> bool:
         """One watch poll of target `name`; True when it found a restart (and moved the probe up)."""
         r = self._runners[name]
-        body = self._watch_read(r.target)
-        reading, reachable, failed = await (self._worker.run(body) if self._worker else body)
+        try:
+            if self._worker is not None:
+                reading, reachable, failed = await self._worker.call("watch", r.target)
+            else:
+                reading, reachable, failed = await watch_read(self._fns, r.target)
+        except WorkerFailed as exc:
+            log.error("target %s: restart watch: %s", name, exc)
+            reading, reachable, failed = None, None, True
         restart = False
         if reachable is not None:
             r.watch, restart = observe(r.watch, reading, reachable)
         s = r.snap
         restart = restart and not r.busy  # a probe started meanwhile: it is already the answer
-        self._publish(
-            r,
-            replace(
-                s,
-                up=s.up if reachable is None else reachable,
-                watch_errors=s.watch_errors + (1 if failed else 0),
-                restarts_detected=s.restarts_detected + (1 if restart else 0),
-            ),
-        )
+        up = s.up if reachable is None else reachable
+        # A quiet poll changes nothing: publishing it anyway would re-render the target's /metrics
+        # lines 200 times a minute in a fleet, for nothing.
+        if up != s.up or failed or restart:
+            self._publish(
+                r,
+                replace(
+                    s,
+                    up=up,
+                    watch_errors=s.watch_errors + (1 if failed else 0),
+                    restarts_detected=s.restarts_detected + (1 if restart else 0),
+                ),
+            )
         if restart:
             t = r.target
             delay = delay_after_restart(t.restart_probe_delay_s, t.interval_s)
@@ -426,86 +457,54 @@ class Scheduler:
             log.info("target %s: the server restarted; probing it in %.0f s", t.name, max(0.0, r.due - loop.time()))
         return restart
 
-    async def _watch_read(self, t: Target) -> tuple[WatchReading | None, bool | None, bool]:
-        """(reading, reachable (None: cannot tell), failed); runs on the probe thread when offloading."""
-        client = self._client_factory(t)
-        try:
-            text = await self._watch_fn(client)
-            return read_metrics(text), True, False
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # SGLangError: its reason says whether the server answered at all
-            reason = getattr(exc, "reason", None)
-            log.debug("target %s: restart watch: %s", t.name, type(exc).__name__)
-            if not isinstance(reason, ErrorReason):
-                return None, None, True  # not an answer from the server: a bug of ours, not its state
-            return None, reason not in DOWN_REASONS, True
-        finally:
-            await _close(client)
-
     async def _cycle(self, r: _Runner) -> float | None:
         """One probe (or one skip). Returns the wait until the budget allows one, if it did not."""
         async with self._sem:
+            slot = await self._pace()
             self._publish(r, replace(r.snap, in_progress=True, phase="preflight"))
-            body = self._contact(r)
-            rec, up, budget_wait = await (self._worker.run(body) if self._worker else body)
+            rec, up, budget_wait = await self._contact(r, slot)
         self._apply(r, rec, up)
         return budget_wait
 
-    async def _contact(self, r: _Runner) -> tuple[ProbeRecord, bool | None, float | None]:
-        """Everything that talks to the server; runs on the probe thread when offloading."""
+    async def _pace(self) -> float | None:
+        """Take this probe's start slot (`next_start`) and wait until its preflight may begin.
+
+        Returns the slot in wall-clock time (None with no spacing): the probe itself starts there,
+        after the preflight reads (probe_work.contact), so starts are spaced exactly.
+        """
+        if self._spacing <= 0:
+            return None
+        loop = asyncio.get_running_loop()
+        # Never sooner than the allowance either, or the first probe would start when its preflight ends.
+        at = max(next_start(self._last_start, loop.time(), self._spacing), loop.time() + min(PREFLIGHT_ALLOWANCE_S, self._spacing / 2))
+        self._last_start = at
+        preflight_at = at - min(PREFLIGHT_ALLOWANCE_S, self._spacing / 2)
+        if preflight_at > loop.time():
+            await asyncio.sleep(preflight_at - loop.time())
+        return self._wall() + (at - loop.time())
+
+    async def _contact(self, r: _Runner, slot: float | None = None) -> tuple[ProbeRecord, bool | None, float | None]:
+        """Everything that talks to the server, here or in the probe worker process."""
         t = r.target
-        budget_wait: float | None = None
-        up: bool | None = None
-        client = self._client_factory(t)
-        try:
-            need = 3 * t.probe.context_tokens  # R's three sends at least, if the server can't tell us more
-            if self._estimate_fn is not None:
-                try:
-                    need = max(1, int(await self._estimate_fn(client, t)))
-                    up = True
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # the probe itself will report what is wrong
-                    log.debug("target %s: estimate failed (%s)", t.name, type(exc).__name__)
-            # Only this target's cycle touches its window while it runs, so reading it here is safe.
-            now = self._clock()
-            remaining = r.window.remaining(now, t.token_budget_per_hour)
-            if need > remaining:
-                rec = self._budget_record(t, need, remaining)
-                budget_wait = r.window.wait_for(now, need, t.token_budget_per_hour)
-            else:
-                rec = await self._probe(client, r)
-        finally:
-            await _close(client)
-        return rec, up, budget_wait
-
-    async def _probe(self, client: Any, r: _Runner) -> ProbeRecord:
-        def progress(event: Any) -> None:
-            # canary.ProgressEvent (or a bare Phase from a fake): only the phase name is kept
-            phase = getattr(event, "phase", event)
-            name = phase.value if isinstance(phase, Phase) else str(phase)
-            if name != "done":
-                if self._worker is not None and self._main_loop is not None:
-                    self._main_loop.call_soon_threadsafe(self._set_phase, r, name)
-                else:
-                    self._set_phase(r, name)
-
+        # Only this target's cycle touches its window while it runs, so reading it here is safe.
+        remaining = r.window.remaining(self._clock(), t.token_budget_per_hour)
         started = self._wall()
+
+        def on_phase(name: str) -> None:
+            self._set_phase(r, name)
+
         try:
-            return await self._probe_fn(client, r.target.probe, progress=progress)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the canary promises not to raise; if it does, say so as a value
-            log.error("target %s: probe crashed: %s", r.target.name, type(exc).__name__)
-            return ProbeRecord(
-                target=r.target.name,
-                started_at=started,
-                finished_at=self._wall(),
-                verdict=Verdict.ERROR,
-                reason=ErrorReason.INTERNAL,
-                evidence=f"internal error in the probe ({type(exc).__name__})",
-            )
+            if self._worker is not None:
+                rec, up, need = await self._worker.call("contact", t, remaining, slot, on_phase=on_phase)
+            else:
+                rec, up, need = await contact(self._fns, t, remaining, on_phase, slot)
+        except WorkerFailed as exc:
+            log.error("target %s: %s", t.name, exc)
+            return crash_record(t.name, started, "internal error: the probe worker process failed"), None, None
+        if rec is not None:
+            return rec, up, None
+        now = self._clock()
+        return self._budget_record(t, need, remaining), up, r.window.wait_for(now, need, t.token_budget_per_hour)
 
     def _set_phase(self, r: _Runner, name: str) -> None:
         if r.snap.in_progress:
@@ -614,44 +613,6 @@ class Scheduler:
             self._published = MappingProxyType({n: r.snap for n, r in self._runners.items()})
 
 
-class ProbeThread:
-    """An event loop on its own thread for everything that talks to SGLang.
-
-    Parsing SGLang's /metrics takes ~50-150 ms of pure Python per poll; on the serving loop that
-    would stall every scrape behind it. On this thread the GIL is handed back every few ms, so
-    /metrics keeps answering while a probe parses.
-    """
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._run, name="hicache-canary-probes", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    async def run(self, coro: Awaitable[Any]) -> Any:
-        # Cancelling the awaiting task cancels the coroutine's task on the probe thread.
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))  # type: ignore[arg-type]
-
-    async def close(self, timeout: float = 10.0) -> None:
-        async def cancel_all() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        fut = asyncio.run_coroutine_threadsafe(cancel_all(), self.loop)
-        try:
-            await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            await asyncio.to_thread(self.thread.join, timeout)
-            if not self.thread.is_alive():
-                self.loop.close()
-
-
 def _latest_counters(rec: ProbeRecord) -> CounterSnapshot | None:
     for step in reversed(rec.steps):
         for snap in (step.after, step.before):
@@ -662,14 +623,3 @@ def _latest_counters(rec: ProbeRecord) -> CounterSnapshot | None:
 
 async def _metrics_text(client: Any) -> str:
     return await client.metrics_text()
-
-
-async def _close(client: Any) -> None:
-    close = getattr(client, "aclose", None)
-    if close is not None:
-        try:
-            await asyncio.shield(close())
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # closing a broken connection must not hide the probe's result
-            pass

@@ -36,6 +36,14 @@ class WatchReading:
     counters: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     start_time: float | None = None
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # A mappingproxy does not pickle, and readings come back from the probe worker process.
+        return (_reading, (dict(self.counters), self.start_time))
+
+
+def _reading(counters: dict[str, float], start_time: float | None) -> WatchReading:
+    return WatchReading(MappingProxyType(counters), start_time)
+
 
 @dataclass(frozen=True)
 class WatchState:

@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("SGLang launch flags")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=30000)
+    g.add_argument("--ports", default=None, metavar="LIST",
+                   help="simulator-only: one independent server per port, e.g. 31000-31199 or 40001,40005 (overrides --port)")
     g.add_argument("--model-path", default="Qwen3.8-27B-abliterated-AWQ-MTP")
     g.add_argument("--served-model-name", default="Qwen3.8-27B-AWQ")
     g.add_argument("--tp-size", type=int, default=1, help="TP ranks: radix-cache series repeat on every rank")
@@ -113,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"hicache-canary sim: error: {exc}", file=sys.stderr)
         return 2
+    if args.ports:
+        return run_fleet(args, cfg)
     import uvicorn
 
     from .app import create_app
@@ -133,4 +137,44 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # e.g. the port is taken
         print(f"hicache-canary sim: error: cannot serve on {cfg.host}:{cfg.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def run_fleet(args: argparse.Namespace, base: SimConfig) -> int:
+    """`--ports`: one uvicorn server on every port, each port its own simulated server."""
+    import socket
+
+    import uvicorn
+
+    from .app import create_app
+    from .fleet import PortDispatch, fleet_configs, parse_ports
+
+    try:
+        ports = parse_ports(args.ports)
+    except ValueError as exc:
+        print(f"hicache-canary sim: error: {exc}", file=sys.stderr)
+        return 2
+    sockets = []
+    try:
+        for p in ports:
+            sock = socket.socket(socket.AF_INET6 if ":" in base.host else socket.AF_INET)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sockets.append(sock)
+            sock.bind((base.host, p))
+    except OSError as exc:
+        print(f"hicache-canary sim: error: cannot serve on {base.host}:{p}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    apps = {c.port: create_app(c) for c in fleet_configs(base, ports)}
+    server = uvicorn.Server(uvicorn.Config(PortDispatch(apps), log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=1, lifespan="on"))
+
+    def shutdown() -> None:
+        server.should_exit = True
+
+    for app in apps.values():
+        app.state.sim.shutdown = shutdown
+    print(f"hicache-canary sim: {len(ports)} SGLang {base.metrics_profile} simulators on http://{base.host}:"
+          f"{ports[0]}..{ports[-1]} (hicache={'on' if base.enable_hierarchical_cache else 'off'}, "
+          f"policy={base.hicache_write_policy}, hybrid={base.hybrid_model}, time_scale={base.time_scale})", flush=True)
+    server.run(sockets=sockets)
     return 0
