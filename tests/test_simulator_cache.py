@@ -196,6 +196,27 @@ def test_hybrid_hits_stop_at_mamba_checkpoints_as_live(r_len, rehost, again):
     assert _serve(c, r, chunk=2048).device_tokens == again
 
 
+@pytest.mark.parametrize(
+    "r_len, rehost",
+    [
+        # Live 0.5.17 with --chunked-prefill-size 16384 (conformance/big-chunk/): a 16,384-token R
+        # came back 0 from host (its one Mamba state sits at its own end), a 16,321-token R 16,320.
+        pytest.param(16384, 0, id="16384-one-state-at-its-end-0"),
+        pytest.param(16321, 16320, id="16321-state-at-its-last-but-one-token"),
+    ],
+)
+def test_one_chunk_as_long_as_R_leaves_no_usable_state_unless_R_is_64k_plus_1(r_len, rehost):
+    c = _live(chunked_prefill_size=16384)
+    rng = random.Random(r_len)
+    r = _tokens(rng, r_len)
+    _serve(c, r, chunk=16384)
+    for _ in range(4):
+        _serve(c, _tokens(rng, 10000), chunk=16384)
+    assert c.match(r).device_tokens == 0
+    m = _serve(c, r, chunk=16384)
+    assert (m.device_tokens, m.loaded) == (0, rehost)
+
+
 def test_a_request_shorter_than_the_mamba_grain_caches_nothing():
     c = _live()
     _serve(c, _tokens(random.Random(1), 16))  # the live nudge: no forward reached a 64-token mark
