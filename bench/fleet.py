@@ -3,6 +3,7 @@ memory, CPU, and how far apart probe starts are.
 
     python bench/fleet.py                  # ~2 min: 200 targets, 20 s measuring windows
     python bench/fleet.py --targets 50 --seconds 10
+    python bench/fleet.py --quick          # smoke run: 20 targets, 3 s windows
 
 Runs `hicache-canary sim --ports` (200 independent simulated servers in one process; write_back,
 so every probe is a quick `reused`) and `hicache-canary serve` as its own process with those
@@ -58,7 +59,10 @@ def main() -> int:
     ap.add_argument("--targets", type=int, default=200)
     ap.add_argument("--seconds", type=float, default=20.0, help="length of each measuring window")
     ap.add_argument("--every", type=float, default=0.5, help="seconds between two scrapes of one scraper")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 20 targets, 3 s windows")
     args = ap.parse_args()
+    if args.quick:
+        args.targets, args.seconds = 20, 3.0
 
     tmp = Path(tempfile.mkdtemp(prefix="hicache-fleet-"))
     ports = free_ports(args.targets)
