@@ -177,3 +177,12 @@ def test_docs_list_every_target_knob():
     table = text.split("## Target keys", 1)[1].split("\n\n", 2)[1]
     documented = {k for row in table.splitlines()[2:] for k in re.findall(r"`([a-z_]+)`", row.split("|")[1])}
     assert documented == {"name", "url", "api_key_env", "api_key_file", *(k.key for k in KNOBS)}
+
+
+def test_a_null_knob_means_its_default(tmp_path: Path):
+    """`interval: null` (an empty value in YAML) ended in a TypeError traceback; it means "not set"."""
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("defaults: {context_tokens: 8192}\n"
+                   "targets:\n  - {name: a, url: 'http://127.0.0.1:1', interval:, context_tokens: null}\n")
+    t = load_settings(cfg, {}).targets[0]
+    assert (t.interval_s, t.probe.context_tokens) == (900.0, 8192)
