@@ -3,6 +3,7 @@ check-config and serve exit 2 with nothing but those lines (issue 4, issue 7's b
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -166,3 +167,22 @@ def test_a_bad_watch_interval_is_one_line(tmp_path: Path):
     with pytest.raises(ConfigError) as err:
         load_settings(doc, {})
     assert str(err.value) == "targets[0].watch_interval: '-5s' is not a duration (use 30s, 10m, 1h or a number of seconds)"
+
+
+def test_docs_list_every_target_knob():
+    """docs/configuration.md's target-key table names exactly the knobs a target accepts."""
+    from hicache_canary.target_knobs import KNOBS
+
+    text = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    table = text.split("## Target keys", 1)[1].split("\n\n", 2)[1]
+    documented = {k for row in table.splitlines()[2:] for k in re.findall(r"`([a-z_]+)`", row.split("|")[1])}
+    assert documented == {"name", "url", "api_key_env", "api_key_file", *(k.key for k in KNOBS)}
+
+
+def test_a_null_knob_means_its_default(tmp_path: Path):
+    """`interval: null` (an empty value in YAML) ended in a TypeError traceback; it means "not set"."""
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("defaults: {context_tokens: 8192}\n"
+                   "targets:\n  - {name: a, url: 'http://127.0.0.1:1', interval:, context_tokens: null}\n")
+    t = load_settings(cfg, {}).targets[0]
+    assert (t.interval_s, t.probe.context_tokens) == (900.0, 8192)

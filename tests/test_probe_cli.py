@@ -128,7 +128,11 @@ def test_nothing_listening_exits_3() -> None:
         pytest.param(("--target", "localhost:30000"), "is not an http(s)://host[:port] URL", id="url-without-scheme"),
         pytest.param(("--target", "http://x", "--context-tokens", "-5"), "must be positive", id="negative-context"),
         pytest.param(("--target", "http://x", "--timeout", "soon"), "is not a number", id="timeout-not-a-number"),
-        pytest.param(("--target", "http://x", "--api-key-file", "/nonexistent/key"), "cannot read API key file", id="missing-key-file"),
+        pytest.param(("--target", "http://x", "--api-key-file", "/nonexistent/key"),
+                     "cannot read API key file /nonexistent/key: No such file or directory", id="missing-key-file"),
+        # The same bounded read as the exporter's config: never a MemoryError on a device file.
+        pytest.param(("--target", "http://x", "--api-key-file", "/dev/zero"),
+                     "API key file /dev/zero is larger than 4 KiB (a secret file holds one key)", id="key-file-dev-zero"),
         pytest.param(("--target", "http://x", "--api-key-env", "HICACHE_TEST_UNSET_VAR"), "is not set", id="unset-key-env"),
         pytest.param(("--target", "http://x", "--api", "grpc"), "invalid choice", id="unknown-api"),
     ],

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def summary(settings: Settings) -> str:
     names = ", ".join(t.name for t in settings.targets) or "none"
-    on = [n for n, v in (("docker", settings.docker), ("prometheus", settings.prometheus_sd), ("file_sd", settings.file_sd)) if v]
+    on = settings.discovery_names
     docker = f"{' + '.join(on)} discovery on" if on else "no discovery"
     if settings.shard.count > 1:
         docker += f", shard {settings.shard}"
@@ -36,11 +36,18 @@ def report(exc: ConfigError) -> None:
         print(line, file=sys.stderr)
 
 
-def run(args: argparse.Namespace) -> int:
+def load_or_report(path: str | None) -> Settings | None:
+    """The settings, or None after reporting every problem (exit 2: the caller's to return)."""
     try:
-        settings = load_settings(args.config, os.environ)
+        return load_settings(path, os.environ)
     except ConfigError as exc:
         report(exc)
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = load_or_report(args.config)
+    if settings is None:
         return 2
     print(summary(settings))
     return 0

@@ -8,8 +8,10 @@ puts in a label, which is what keeps label cardinality bounded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from enum import Enum
+
+from .target_knobs import PROBE_KNOBS
 
 
 class Verdict(str, Enum):
@@ -79,28 +81,17 @@ class Tier(str, Enum):
     STORAGE = "storage"
 
 
-@dataclass(frozen=True)
-class ProbeSettings:
-    """Per-target knobs of one probe (built from the validated config by config.py)."""
-
-    target: str
-    # Longer than SGLang's usual chunked_prefill_size (4096-8192) so the chunked path, where
-    # write_through loses backups, is exercised; a fraction of the report's 40K so a probe costs
-    # seconds, not a quarter of a minute, of prefill. Clamped to the server's max_req_input_len.
-    context_tokens: int = 16384
-    api: str = "auto"  # auto | native | openai
-    max_pressure_tokens: int | None = None  # cap on synthetic filler per probe (None: 4x device pool)
-    pressure_chunk_tokens: int | None = None  # filler per request; None: pressure.chunk_tokens (>= R)
-    # How long the server's own traffic may take to evict R before filler covers the rest: a third of
-    # the default 15-minute interval, since a busy node needs minutes to turn a 355K-token pool over.
-    passive_wait_s: float = 300.0
-    busy_queue_threshold: int = 2  # skip (skipped_busy) when sglang:num_queue_reqs is above this
-    busy_running_threshold: int | None = None  # and/or when num_running_reqs is above this
-    host_hit_threshold: float = 0.5  # rehost host-cached share at or above which R counts as reused
-    min_cold_latency_s: float = 1.0  # below this a latency ratio alone never decides
-    dp_rank: int | None = None  # pin to this DP rank (None: rotate when dp_size > 1)
-    timeout_s: float = 300.0  # per request; a cold 40K prefill takes ~15 s on the report's GPU
-    poll_interval_s: float = 1.0  # counter polling while waiting for eviction
+# Per-target knobs of one probe (built from the validated config by config_target.py). The fields,
+# their types and defaults come from the knob table, target_knobs.KNOBS, so each is written once.
+ProbeSettings = make_dataclass(
+    "ProbeSettings",
+    [("target", str), *((k.attr, k.type, field(default=k.default)) for k in PROBE_KNOBS)],
+    frozen=True,
+)
+ProbeSettings.__module__ = __name__  # pickled to and from the probe worker by reference
+ProbeSettings.__doc__ = "Per-target knobs of one probe: " + ", ".join(
+    f"{k.attr} ({k.doc or k.key})" for k in PROBE_KNOBS
+)
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,7 @@ async def probe_once(url: str, settings: ProbeSettings, api_key: str | None, pro
 
 def load_key(args: argparse.Namespace) -> str | None:
     """The API key, or exit 3 with one line naming the problem (never the key)."""
-    from .sglang_client import load_api_key
+    from .secrets_loader import load_api_key
 
     try:
         key = load_api_key(args.api_key_env, args.api_key_file)

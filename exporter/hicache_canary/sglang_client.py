@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import re
 import ssl
 import time
@@ -41,8 +40,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .files import MAX_SECRET_BYTES, FileTooLarge, read_text
 from .models import CachedTokens, CounterSnapshot, ErrorReason, GenerateResult, ServerFacts
+from .secrets_loader import load_api_key  # noqa: F401 - the SGLang API key, for callers of the client
 from .shown import display_url, server_token, shown_text
 from .sglang_metrics import parse_snapshot
 
@@ -87,37 +86,6 @@ class Timeouts:
 
     connect: float = 5.0
     read_small: float = 10.0  # /server_info, /metrics, /health
-
-
-def load_api_key(env: str | None, file: str | None) -> str | None:
-    """The API key from the environment variable named `env`, else from `file` (stripped).
-
-    An unset or empty variable falls through to the file; no source at all gives None. A file that
-    cannot be read, is empty, or holds a key with whitespace or control characters raises
-    ValueError naming the path, never the content.
-    """
-    if env:
-        value = os.environ.get(env, "").strip()
-        if value:
-            _check_key(value, f"environment variable {env}")
-            return value
-    if file:
-        try:
-            value = read_text(file, MAX_SECRET_BYTES).strip()
-        except FileTooLarge as exc:
-            raise ValueError(f"API key file {exc} (a key file holds one key)") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"cannot read API key file {file}: {type(exc).__name__}") from None
-        if not value:
-            raise ValueError(f"API key file {file} is empty")
-        _check_key(value, f"API key file {file}")
-        return value
-    return None
-
-
-def _check_key(value: str, source: str) -> None:
-    if any(c.isspace() or not c.isprintable() for c in value):
-        raise ValueError(f"{source}: the API key contains whitespace or control characters")
 
 
 def redact_server_info(body: Any, secrets: tuple[str, ...] = ()) -> Any:
