@@ -94,7 +94,7 @@ class SimProcess:
                 except httpx.HTTPError as exc:
                     last = type(exc).__name__
                 if time.monotonic() >= deadline:
-                    raise SimulatorStartError(f"the {self.name} did not answer {url} within {timeout_s:.0f} s "
+                    raise SimulatorStartError(f"the {self.name} did not answer {url} within {timeout_s:g} s "
                                               f"({last}): {self.tail()}")
                 time.sleep(0.05)  # polling a child's readiness against a deadline
 
