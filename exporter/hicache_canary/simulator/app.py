@@ -84,6 +84,12 @@ def create_app(config: SimConfig, reparse: Callable[[list[str]], SimConfig] | No
         return await _watched(request, asyncio.gather(
             *(engine.generate(t, max_new, kind=kind, streaming=streaming) for t in prompts)))
 
+    def _check_fits(body: dict, prompts: list[tuple], max_new: int) -> None:
+        """SGLang's checks against this server's limits: DP rank, input and context length."""
+        P.check_dp_rank(body, sim.cfg.dp_size)
+        for t in prompts:
+            P.check_length(t, max_new, sim.cfg.max_req_input_len, sim.cfg.context_length)
+
     def _output_ids(n: int) -> list[int]:
         return [sim.rng.randrange(P.VOCAB) for _ in range(n)]
 
@@ -95,9 +101,7 @@ def create_app(config: SimConfig, reparse: Callable[[list[str]], SimConfig] | No
                 raise P.BadRequest("input_embeds is not supported by this server.")
             prompts, batch = P.parse_prompts(body.get("text"), body.get("input_ids"))
             sampling = P.parse_sampling(body.get("sampling_params"))
-            P.check_dp_rank(body, sim.cfg.dp_size)
-            for t in prompts:
-                P.check_length(t, sampling.max_new_tokens, sim.cfg.max_req_input_len, sim.cfg.context_length)
+            _check_fits(body, prompts, sampling.max_new_tokens)
         except P.BadRequest as exc:
             return JSONResponse(P.native_error(str(exc)), status_code=400)
         if (fault := _fault_response(openai=False)) is not None:
@@ -122,9 +126,7 @@ def create_app(config: SimConfig, reparse: Callable[[list[str]], SimConfig] | No
             max_tokens = body.get("max_tokens", 16)
             sampling = P.parse_sampling({"max_new_tokens": max_tokens,
                                          **{k: body[k] for k in ("temperature", "top_p", "top_k") if k in body}})
-            P.check_dp_rank(body, sim.cfg.dp_size)
-            for t in prompts:
-                P.check_length(t, sampling.max_new_tokens, sim.cfg.max_req_input_len, sim.cfg.context_length)
+            _check_fits(body, prompts, sampling.max_new_tokens)
         except P.BadRequest as exc:
             return JSONResponse(P.openai_error(str(exc)), status_code=400)
         if (fault := _fault_response(openai=True)) is not None:
