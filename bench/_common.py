@@ -14,12 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,6 +28,7 @@ import httpx  # noqa: E402
 
 from hicache_canary.models import GenerateResult, ProbeSettings  # noqa: E402
 from hicache_canary.sglang_client import SGLangClient  # noqa: E402
+from hicache_canary.simulator import launch  # noqa: E402
 from hicache_canary.simulator.engine import PREFILL_S_PER_TOKEN, request_seconds  # noqa: E402
 
 __all__ = ["PREFILL_S_PER_TOKEN", "REPO", "Cost", "MeteredClient", "Sent", "SimServer", "in_process_sim",
@@ -151,60 +147,13 @@ async def in_process_sim(flags: list[str]) -> AsyncIterator[tuple[MeteredClient,
         await sim.stop()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The simulator child imports this checkout's package too, installed or not.
+CHILD_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "exporter"), os.environ.get("PYTHONPATH")]))}
 
 
-class SimServer:
-    """`hicache-canary sim` as its own process on 127.0.0.1; use as a context manager."""
-
-    def __init__(self, flags: list[str], ready_timeout_s: float = 30.0):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="bench-sim-", suffix=".log", delete=False)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "exporter"), os.environ.get("PYTHONPATH")]))}
-        argv = [sys.executable, "-m", "hicache_canary", "sim", "--host", "127.0.0.1", "--port", str(self.port), *flags]
-        self.popen = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self._wait_ready(ready_timeout_s)
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                raise RuntimeError(f"simulator exited with {self.popen.returncode}: {self.tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"simulator not ready at {self.url} after {timeout_s:.0f} s: {self.tail()}")
-
-    def tail(self) -> str:
-        self.log.flush()
-        return Path(self.log.name).read_text(errors="replace")[-400:].strip().replace("\n", " | ")
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)  # our own child's session, nothing else
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
-        self.log.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.log.name)
-
-    def __enter__(self) -> SimServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+def SimServer(flags: list[str], ready_timeout_s: float = 30.0, **kw) -> launch.SimProcess:  # noqa: N802 (callers' name)
+    """`hicache-canary sim` as its own process on 127.0.0.1, answering /health; use as a context manager."""
+    return launch.start(flags, timeout_s=ready_timeout_s, env=CHILD_ENV, **kw)
 
 
 def table(headers: list[str], rows: list[list[object]], right: set[int] | None = None) -> str:

@@ -23,13 +23,13 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _common import SimServer, launch
 from exporter_overhead import ENV, ProcStats, free_port, get, pct, scrape_storm, wait
 
 SPACING = 1.0
@@ -67,11 +67,6 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="hicache-fleet-"))
     ports = free_ports(args.targets)
     exp_port = free_port()
-    sim = subprocess.Popen(
-        [sys.executable, "-m", "hicache_canary", "sim", "--host", "127.0.0.1", "--ports", ",".join(map(str, ports)),
-         "--time-scale", "0.02", "--enable-hierarchical-cache", "--hicache-write-policy", "write_back",
-         "--enable-metrics", "--max-total-tokens", "40000", "--hicache-host-tokens", "200000"],
-        env=ENV, stdout=open(tmp / "sim.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     sd = tmp / "sglang.json"
     sd.write_text(json.dumps([{"targets": [f"127.0.0.1:{p}" for p in ports]}]))
     cfg = tmp / "exporter.yml"
@@ -80,9 +75,11 @@ def main() -> int:
         "defaults: {interval: 1h, context_tokens: 4096, poll_interval: 0.5s, passive_wait: 1s, watch_interval: 30s}\n"
         f"probe_spacing: {SPACING}s\nmax_concurrent_probes: {CAP}\n"
         f"discovery:\n  file_sd: {{enabled: true, files: ['{sd}'], refresh: 30s}}\n")
-    exp = None
+    exp = sim = None
     try:
-        wait(lambda: all(get(f"http://127.0.0.1:{p}/health")[0] == 200 for p in (ports[0], ports[-1])), 120, "the simulators")
+        sim = SimServer(["--time-scale", "0.02", "--enable-hierarchical-cache", "--hicache-write-policy", "write_back",
+                         "--enable-metrics", "--max-total-tokens", "40000", "--hicache-host-tokens", "200000"],
+                        ready_timeout_s=120, ports=ports, log_path=tmp / "sim.log", name="simulators")
         t_start = time.time()
         exp = subprocess.Popen([sys.executable, "-m", "hicache_canary", "serve", "--config", str(cfg)], env=ENV,
                                stdout=open(os.environ.get("BENCH_EXPORTER_LOG", tmp / "exporter.log"), "wb"),
@@ -140,13 +137,10 @@ def main() -> int:
               f"{'ok' if mem_ok else 'MISSED'}; probe starts {SPACING:g} s apart (min gap >= {SPACING * 0.8:g} s) {'ok' if spread_ok else 'MISSED'}")
         return 0 if (mem_ok and lat_ok and spread_ok) else 1
     finally:
-        for p in (exp, sim):
-            if p is not None and p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
+        if exp is not None:
+            launch.stop_process_group(exp, timeout_s=15)
+        if sim is not None:
+            sim.stop(timeout_s=15)
 
 
 if __name__ == "__main__":

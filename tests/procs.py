@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,14 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from hicache_canary.simulator.launch import SimProcess, free_port, stop_process_group
+from hicache_canary.simulator.launch import start as start_sim
+
+__all__ = ["ARTIFACTS", "REPO", "Proc", "SimProcess", "canary_argv", "free_port", "require_binary", "start_simulator"]
+
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def require_binary(name: str) -> str:
@@ -43,9 +41,8 @@ class Proc:
     """A child process with its output in a log file under test-artifacts/."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None):
-        ARTIFACTS.mkdir(exist_ok=True)
         self.name = name
-        self.log_path = ARTIFACTS / f"{name}-{os.getpid()}-{int(time.time() * 1000)}.log"
+        self.log_path = artifact_log(name)
         self._log = open(self.log_path, "wb")
         self.popen = subprocess.Popen(
             argv,
@@ -77,16 +74,7 @@ class Proc:
         raise TimeoutError(f"{self.name} not ready at {url} after {timeout}s ({last}):\n{self.log()[-3000:]}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(5)
+        stop_process_group(self.popen, sig, timeout)
         self._log.close()
         return self.popen.returncode
 
@@ -96,10 +84,13 @@ def canary_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "hicache_canary", *args]
 
 
-def start_simulator(*flags: str, port: int | None = None, name: str = "sim", time_scale: float = 0.001) -> tuple[Proc, str]:
-    port = port or free_port()
-    argv = canary_argv("sim", "--host", "127.0.0.1", "--port", str(port), "--time-scale", str(time_scale), *flags)
-    proc = Proc(name, argv)
-    url = f"http://127.0.0.1:{port}"
-    proc.wait_http(url + "/health")
-    return proc, url
+def artifact_log(name: str) -> Path:
+    """A fresh log path under test-artifacts/ (CI uploads the folder when a test fails)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS / f"{name}-{os.getpid()}-{int(time.time() * 1000)}.log"
+
+
+def start_simulator(*flags: str, port: int | None = None, name: str = "sim", time_scale: float = 0.001) -> tuple[SimProcess, str]:
+    """The simulator answering /health, through the launcher demo and bench use; its log kept as an artifact."""
+    sim = start_sim(flags, ports=[port] if port else (), time_scale=time_scale, name=name, log_path=artifact_log(name))
+    return sim, sim.url

@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-
-import httpx
 
 from .models import ProbeRecord, Verdict
 from .probe_cli import _usage_error, add_probe_options, load_key, positive_float, probe_once, settings_from_args, target_url
 from .shown import display_url
+from .simulator.launch import START_TIMEOUT_S, SimProcess
 
 DEMO_TIME_SCALE = 0.2
 DEMO_CONTEXT_TOKENS = 8192
@@ -36,7 +32,6 @@ SCALED_REPORT_FLAGS = (
     "--max-total-tokens", "40000", "--hicache-host-tokens", "70958", "--chunked-prefill-size", "4096",
 )
 POLICIES = ("write_through", "write_back")
-START_TIMEOUT_S = 30.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,52 +42,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # --context-tokens keeps its own default here: the demo's R is sized for the scaled-down server.
     p.add_argument("--time-scale", type=positive_float, default=DEMO_TIME_SCALE,
                    help=f"simulators' latency scale (default {DEMO_TIME_SCALE}; 1 = calibrated to the report)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Simulator:
-    """One `hicache-canary sim` child process; its log goes to a temp file shown if it fails."""
-
-    def __init__(self, policy: str, time_scale: float):
-        self.policy = policy
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.TemporaryFile()
-        argv = [sys.executable, "-m", "hicache_canary", "sim", "--host", "127.0.0.1", "--port", str(self.port),
-                "--hicache-write-policy", policy, "--time-scale", str(time_scale), *SCALED_REPORT_FLAGS]
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def wait_ready(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the {self.policy} simulator exited with {self.proc.returncode}: {self.tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)  # polling a child's readiness against a deadline
-        raise RuntimeError(f"the {self.policy} simulator did not answer /health within {START_TIMEOUT_S:.0f} s: {self.tail()}")
-
-    def tail(self) -> str:
-        self.log.seek(0)
-        lines = self.log.read().decode(errors="replace").strip().splitlines()
-        return lines[-1] if lines else "no output"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.log.close()
 
 
 def _probe(runner: asyncio.Runner, url: str, label: str, args: argparse.Namespace, key: str | None) -> ProbeRecord:
@@ -119,24 +68,26 @@ def _run(runner: asyncio.Runner, args: argparse.Namespace) -> int:
         return 3 if rec.verdict == Verdict.ERROR else 0
     if args.context_tokens is None:
         args.context_tokens = DEMO_CONTEXT_TOKENS
-    sims: list[Simulator] = []
+    sims: list[tuple[str, SimProcess]] = []
     try:
         sys.stderr.write(
             f"starting two simulated SGLang servers (hybrid model, device pool 40,000 / host pool 70,958 tokens, "
             f"the field report's server scaled down 10x) at time scale {args.time_scale} of the calibrated latencies\n"
         )
-        sims = [Simulator(policy, args.time_scale) for policy in POLICIES]
-        deadline = time.monotonic() + START_TIMEOUT_S
-        for sim in sims:
-            sim.wait_ready(deadline)
-            sys.stderr.write(f"{sim.policy} simulator at {sim.url}\n")
-        records = [_probe(runner, sim.url, sim.policy, args, None) for sim in sims]
-    except RuntimeError as exc:
+        for policy in POLICIES:
+            flags = ["--hicache-write-policy", policy, *SCALED_REPORT_FLAGS]
+            sims.append((policy, SimProcess(flags, time_scale=args.time_scale, name=f"{policy} simulator")))
+        deadline = time.monotonic() + START_TIMEOUT_S  # both start at once: one wait covers them
+        for policy, sim in sims:
+            sim.wait_ready(START_TIMEOUT_S, deadline=deadline)
+            sys.stderr.write(f"{policy} simulator at {sim.url}\n")
+        records = [_probe(runner, sim.url, policy, args, None) for policy, sim in sims]
+    except RuntimeError as exc:  # SimulatorStartError among them
         sys.stderr.write(f"hicache-canary demo: error: {exc}\n")
         return 3
     finally:
-        for sim in sims:
-            sim.stop()
+        for _, sim in sims:
+            sim.stop(timeout_s=5)
     tables = [render_table(rec, width=60) for rec in records]
     print(side_by_side(*tables))
     verdicts = ", ".join(f"{rec.target}: {rec.verdict.value if rec.verdict else '?'}" for rec in records)

@@ -2,7 +2,8 @@
 
 SGLang's endpoints (`/generate`, `/v1/completions`, `/server_info`, `/model_info`, `/health*`,
 `/flush_cache`, `/metrics`) plus a clearly separate runtime control API under `/_sim/` that SGLang
-does not have (state, fault switches, restart with new launch flags). With `--api-key` every route
+does not have (state, fault switches, restart with new launch flags: control.py). The process's state
+is server_state.py, the API-key check and HTTP counts middleware.py. With `--api-key` every route
 except `/health*` and `/metrics` needs `Authorization: Bearer <key>` (SGLang's middleware: 401
 `{"error": "Unauthorized"}`). A client that disconnects aborts its request, as SGLang does.
 """
@@ -11,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
-import random
 from collections.abc import Callable
 from typing import Any
 
@@ -21,133 +20,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from . import protocol as P
-from .config import Faults, SimConfig
-from .engine import Engine
-from .metrics import HttpStats, bucket_bounds, render
+from .config import SimConfig
+from .control import add_control_routes
+from .metrics import render
+from .middleware import SimMiddleware
+from .server_state import Sim
 from .serverinfo import model_info, server_info
 
 FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
               "requests, the operation will not be performed.)\n")
-AUTH_EXEMPT = ("/health", "/health_generate", "/metrics")
-COUNTED_PATHS = {"/generate", "/v1/completions", "/server_info", "/get_server_info", "/model_info", "/get_model_info",
-                 "/health", "/health_generate", "/flush_cache", "/metrics", "/v1/models"}
-
-
-class Sim:
-    """Mutable state of one simulated server process; `restart` swaps in a fresh engine."""
-
-    def __init__(self, cfg: SimConfig):
-        self.http = HttpStats()
-        self.shutdown: Callable[[], None] | None = None
-        self._bg: asyncio.Task | None = None
-        self._bg_inflight: set[asyncio.Task] = set()
-        self.restarts = 0
-        self._install(cfg)
-
-    def _install(self, cfg: SimConfig) -> None:
-        self.cfg = cfg
-        self.faults = cfg.faults
-        self.engine = Engine(cfg, bucket_bounds(cfg.metrics_profile))
-        self.served = 0
-        self.rng = random.Random(cfg.seed + 1)
-
-    def start(self) -> None:
-        if self.cfg.background_rps > 0 and self._bg is None:
-            self._bg = asyncio.get_running_loop().create_task(self._background())
-
-    async def stop(self) -> None:
-        tasks = [t for t in (self._bg, *self._bg_inflight) if t is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._bg = None
-        self._bg_inflight.clear()
-
-    async def restart(self, cfg: SimConfig) -> None:
-        await self.stop()
-        self._install(cfg)
-        self.restarts += 1
-        self.http = HttpStats()
-        self.start()
-
-    async def _background(self) -> None:
-        """The server's own traffic: unique prompts at --background-rps (simulated seconds)."""
-        rng = random.Random(self.cfg.seed + 2)
-        interval = self.cfg.time_scale / self.cfg.background_rps
-        limit = self.cfg.max_running_requests * 2  # don't let an overloaded sim queue without bound
-        while True:
-            await asyncio.sleep(interval)
-            if len(self._bg_inflight) >= limit:
-                continue
-            tokens = tuple(rng.randrange(P.VOCAB) for _ in range(self.cfg.background_context_tokens))
-            task = asyncio.get_running_loop().create_task(self.engine.generate(tokens, 1, kind="background"))
-            self._bg_inflight.add(task)
-            task.add_done_callback(self._bg_inflight.discard)
-
-    def state(self) -> dict:
-        e, c = self.engine, self.engine.cache
-        nodes = sorted(c.nodes(), key=lambda n: -n.last)
-        cfg = dataclasses.asdict(self.cfg)
-        cfg["api_key"] = "<redacted>" if self.cfg.api_key else None
-        return {
-            "config": cfg,
-            "restarts": self.restarts,
-            "in_flight": e.running + e.queued,
-            "running": e.running,
-            "queued": e.queued,
-            "aborted": e.stats.aborted,
-            "requests_by_kind": dict(e.stats.requests_by_kind),
-            "served": self.served,
-            "faults": dataclasses.asdict(self.faults),
-            "pools": {
-                "device_total": self.cfg.max_total_tokens, "device_cached": c.device_used, "device_inflight": c.inflight,
-                "host_total": self.cfg.host_tokens, "host_used": c.host_used,
-                "host_mamba_total": self.cfg.host_mamba_states if self.cfg.hybrid_model else 0,
-                "host_mamba_used": c.host_mamba_used,
-            },
-            "cache_stats": dataclasses.asdict(c.stats),
-            "segments": [{"tokens": len(n.key), "device": n.device, "host": n.host, "mamba_device": n.mamba_dev,
-                          "mamba_host": n.mamba_host, "locked": n.lock > 0} for n in nodes[:200]],
-            "segments_total": len(nodes),
-        }
-
-
-class _Middleware:
-    """Pure ASGI (so disconnects reach the endpoint): API-key check and per-endpoint HTTP counts."""
-
-    def __init__(self, app, sim: Sim):
-        self.app, self.sim = app, sim
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        path, method = scope["path"], scope["method"]
-        key = self.sim.cfg.api_key
-        if key and method != "OPTIONS" and not path.startswith(AUTH_EXEMPT):
-            headers = dict(scope.get("headers") or [])
-            if headers.get(b"authorization", b"").decode() != f"Bearer {key}":
-                return await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
-        if path not in COUNTED_PATHS:
-            return await self.app(scope, receive, send)
-        http = self.sim.http
-        ep = (path, method)
-        http.requests[ep] = http.requests.get(ep, 0) + 1
-        http.active[ep] = http.active.get(ep, 0) + 1
-        status = {"code": 500}
-
-        async def send_wrapper(message):
-            if message["type"] == "http.response.start":
-                status["code"] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            http.active[ep] -= 1
-            rk = (path, method, str(status["code"]))
-            http.responses[rk] = http.responses.get(rk, 0) + 1
 
 
 def create_app(config: SimConfig, reparse: Callable[[list[str]], SimConfig] | None = None) -> FastAPI:
@@ -162,15 +43,6 @@ def create_app(config: SimConfig, reparse: Callable[[list[str]], SimConfig] | No
     app = FastAPI(title="SGLang HiCache simulator (hicache-canary sim)", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None)
     app.state.sim = sim
-
-    async def _json_body(request: Request) -> dict:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise P.BadRequest("The request body is not valid JSON.") from None
-        if not isinstance(body, dict):
-            raise P.BadRequest("The request body must be a JSON object.")
-        return body
 
     def _fault_response(openai: bool) -> Response | None:
         f = sim.faults
@@ -212,20 +84,24 @@ def create_app(config: SimConfig, reparse: Callable[[list[str]], SimConfig] | No
         return await _watched(request, asyncio.gather(
             *(engine.generate(t, max_new, kind=kind, streaming=streaming) for t in prompts)))
 
+    def _check_fits(body: dict, prompts: list[tuple], max_new: int) -> None:
+        """SGLang's checks against this server's limits: DP rank, input and context length."""
+        P.check_dp_rank(body, sim.cfg.dp_size)
+        for t in prompts:
+            P.check_length(t, max_new, sim.cfg.max_req_input_len, sim.cfg.context_length)
+
     def _output_ids(n: int) -> list[int]:
         return [sim.rng.randrange(P.VOCAB) for _ in range(n)]
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request):
         try:
-            body = await _json_body(request)
+            body = P.json_object(await request.body())
             if body.get("input_embeds") is not None:
                 raise P.BadRequest("input_embeds is not supported by this server.")
             prompts, batch = P.parse_prompts(body.get("text"), body.get("input_ids"))
             sampling = P.parse_sampling(body.get("sampling_params"))
-            P.check_dp_rank(body, sim.cfg.dp_size)
-            for t in prompts:
-                P.check_length(t, sampling.max_new_tokens, sim.cfg.max_req_input_len, sim.cfg.context_length)
+            _check_fits(body, prompts, sampling.max_new_tokens)
         except P.BadRequest as exc:
             return JSONResponse(P.native_error(str(exc)), status_code=400)
         if (fault := _fault_response(openai=False)) is not None:
@@ -245,14 +121,12 @@ def create_app(config: SimConfig, reparse: Callable[[list[str]], SimConfig] | No
     @app.post("/v1/completions")
     async def completions(request: Request):
         try:
-            body = await _json_body(request)
+            body = P.json_object(await request.body())
             prompts = P.openai_prompts(body.get("prompt"))
             max_tokens = body.get("max_tokens", 16)
             sampling = P.parse_sampling({"max_new_tokens": max_tokens,
                                          **{k: body[k] for k in ("temperature", "top_p", "top_k") if k in body}})
-            P.check_dp_rank(body, sim.cfg.dp_size)
-            for t in prompts:
-                P.check_length(t, sampling.max_new_tokens, sim.cfg.max_req_input_len, sim.cfg.context_length)
+            _check_fits(body, prompts, sampling.max_new_tokens)
         except P.BadRequest as exc:
             return JSONResponse(P.openai_error(str(exc)), status_code=400)
         if (fault := _fault_response(openai=True)) is not None:
@@ -306,38 +180,6 @@ def create_app(config: SimConfig, reparse: Callable[[list[str]], SimConfig] | No
         return PlainTextResponse(render(sim.cfg, sim.engine, sim.http),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    # ---- simulator-only control API ----------------------------------------------------------
-    @app.get("/_sim/state")
-    async def sim_state():
-        return sim.state()
-
-    @app.post("/_sim/faults")
-    async def sim_faults(request: Request):
-        try:
-            body = await _json_body(request)
-            known = {f.name for f in dataclasses.fields(Faults)}
-            unknown = sorted(set(body) - known)
-            if unknown:
-                raise P.BadRequest(f"unknown fault switch(es) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-            sim.faults = dataclasses.replace(sim.faults, **body)
-        except (P.BadRequest, TypeError) as exc:
-            return JSONResponse(P.native_error(str(exc)), status_code=400)
-        return dataclasses.asdict(sim.faults)
-
-    @app.post("/_sim/restart")
-    async def sim_restart(request: Request):
-        try:
-            body = await _json_body(request)
-            args = body.get("args", [])
-            if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-                raise P.BadRequest("args must be a list of launch flags, e.g. [\"--hicache-write-policy\", \"write_back\"]")
-            if reparse is None:
-                raise P.BadRequest("this simulator was started without a flag parser; restart is unavailable")
-            cfg = reparse(args)
-        except (P.BadRequest, ValueError) as exc:
-            return JSONResponse(P.native_error(str(exc)), status_code=400)
-        await sim.restart(dataclasses.replace(cfg, host=sim.cfg.host, port=sim.cfg.port))
-        return sim.state()
-
-    app.add_middleware(_Middleware, sim=sim)
+    add_control_routes(app, sim, reparse)
+    app.add_middleware(SimMiddleware, sim=sim)
     return app

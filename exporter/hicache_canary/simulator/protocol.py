@@ -8,6 +8,7 @@ on `/v1/*`.
 
 from __future__ import annotations
 
+import json
 import time
 import zlib
 from dataclasses import dataclass
@@ -17,6 +18,17 @@ VOCAB = 151936  # Qwen-family vocabulary size; ids of the toy tokenizer stay bel
 
 class BadRequest(ValueError):
     pass
+
+
+def json_object(raw: bytes) -> dict:
+    """A request body as the JSON object every endpoint expects, or BadRequest saying what it is not."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BadRequest("The request body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    return body
 
 
 def tokenize(text: str) -> tuple[int, ...]:
