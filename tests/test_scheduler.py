@@ -13,17 +13,9 @@ from hicache_canary.config import load_settings
 from hicache_canary.history import ResultHistory, record_to_dict
 from hicache_canary.models import CachedTokens, ErrorReason, Phase, ProbeRecord, StepRecord, Verdict
 from hicache_canary.sglang_client import SGLangError
-from hicache_canary.scheduler import (
-    Scheduler,
-    TokenWindow,
-    Trigger,
-    after_probe_delay,
-    jittered,
-    needs_confirmation,
-    next_delay,
-    next_start,
-    start_offset,
-)
+from hicache_canary.budget import TokenWindow
+from hicache_canary.probe_timing import after_probe_delay, jittered, needs_confirmation, next_delay, next_start, start_offset
+from hicache_canary.scheduler import Scheduler, Trigger
 
 HOUR = 3600.0
 

@@ -25,7 +25,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .config import Settings
 from .exposition import PROMETHEUS_ACCEPT, Exposition
 from .history import record_to_dict
-from .scheduler import Scheduler, TargetSnapshot, Trigger
+from .scheduler import Scheduler, Trigger
+from .target_state import TargetSnapshot
 from .statuspage import render_status_page
 
 log = logging.getLogger("hicache_canary.app")

@@ -34,7 +34,7 @@ from prometheus_client.registry import Collector
 from . import __version__
 from .models import Cause, ErrorReason, Phase, ProbeRecord, ServerFacts, Tier, Verdict
 from .shown import server_token
-from .scheduler import LATENCY_BUCKETS, LATENCY_PHASES, Histogram, TargetSnapshot
+from .target_state import LATENCY_BUCKETS, LATENCY_PHASES, Histogram, TargetSnapshot
 
 P = "hicache_canary_"
 T = ["target"]

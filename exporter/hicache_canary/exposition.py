@@ -30,7 +30,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from .collector import CanaryCollector
-from .scheduler import TargetSnapshot
+from .target_state import TargetSnapshot
 
 log = logging.getLogger("hicache_canary.exposition")
 # Up to this many targets (a few ms to write them all, ~250 kB) a scrape after a change rebuilds the
