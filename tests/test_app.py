@@ -59,8 +59,9 @@ def build(token: str | None = TOKEN, gate: Gate | None = None, interval: str = "
     sched = Scheduler(settings.targets, gate, lambda t: None, secrets=settings.secrets(),
                       initial_delay=lambda i, n, iv: 3600.0)
     reg = CollectorRegistry()
-    reg.register(CanaryCollector(sched.snapshot))
-    return create_app(settings, sched, reg), sched, gate
+    collector = CanaryCollector(sched.snapshot)
+    reg.register(collector)
+    return create_app(settings, sched, reg, collector=collector), sched, gate
 
 
 def until(cond, timeout=5.0):
