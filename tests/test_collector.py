@@ -202,20 +202,32 @@ def test_labels_stay_bounded_over_many_probes():
 
 
 def test_registers_with_the_standard_collectors_without_clashes():
-    sched, _ = make()
+    sched, alone = make()
+    apply(sched, silent_record())
     reg = CollectorRegistry()
     for c in (collector(sched), ProcessCollector(registry=None), PlatformCollector(registry=None)):
         reg.register(c)
     GCCollector(registry=reg)
-    assert b"hicache_canary_build_info" in generate_latest(reg)
+    text = generate_latest(reg).decode()
+    names = [f.name for f in text_string_to_metric_families(text)]
+    assert len(names) == len(set(names))  # one family per name: no clash between the collectors
+    assert {"process_cpu_seconds", "process_resident_memory_bytes", "python_info", "python_gc_collections"} <= set(names)
+    ours = [line for line in text.splitlines() if "hicache_canary_" in line]
+    # the canary's lines are exactly those it renders alone: the standard collectors change nothing
+    assert ours == [line for line in generate_latest(alone).decode().splitlines() if "hicache_canary_" in line]
+    assert 'hicache_canary_verdict{target="gpu-0",verdict="silent"} 1.0' in ours
 
 
 def test_describe_touches_no_state():
     def boom():
         raise AssertionError("describe() must not read snapshots")
 
+    c = CanaryCollector(boom, lambda: LOADED)
     reg = CollectorRegistry(auto_describe=True)
-    reg.register(CanaryCollector(boom))  # would call collect() if describe() were missing
+    reg.register(c)  # would call collect() if describe() were missing
+    described = list(c.describe())
+    assert all(not f.samples for f in described)  # names and types only
+    assert {f.name + ("_total" if f.type == "counter" else "") for f in described} == readme_metrics()
 
 
 def test_fifty_targets_share_families_and_describe_matches_collect():

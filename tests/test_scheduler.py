@@ -232,7 +232,7 @@ async def test_budget_skips_without_calling_the_probe():
         for expected in (1, 2):
             assert s.trigger("t0") is Trigger.STARTED
             await until(lambda: fake.calls == expected and s.snapshot()["t0"].last is not None and not s.snapshot()["t0"].in_progress)
-            await until(lambda: not s._runners["t0"].busy, what="idle")
+            await until(lambda: not s.busy("t0"), what="idle")
         assert s.snapshot()["t0"].budget_remaining == 1000
         assert s.trigger("t0") is Trigger.STARTED
         await until(lambda: s.snapshot()["t0"].last.verdict == Verdict.SKIPPED_BUDGET, what="budget skip")
@@ -253,14 +253,14 @@ async def test_errors_back_off_and_mark_the_target_down_then_recover():
     s.start()
     try:
         for n in (1, 2):
-            await until(lambda: not s._runners["t0"].busy)
+            await until(lambda: not s.busy("t0"))
             s.trigger("t0")
             await until(lambda: fake.calls == n and s.snapshot()["t0"].consecutive_errors == n, what=f"error {n}")
             await until(lambda: s.snapshot()["t0"].next_probe_at is not None and not s.snapshot()["t0"].in_progress)
         snap = s.snapshot()["t0"]
         assert snap.up is False and snap.errors_total[ErrorReason.CONNECT_FAILED] == 2
         # second consecutive error: a half interval (x jitter), not the full hour
-        await until(lambda: not s._runners["t0"].busy)
+        await until(lambda: not s.busy("t0"))
         wait = s.snapshot()["t0"].next_probe_at - time.time()
         assert 0.45 * HOUR - 5 < wait < 0.55 * HOUR
         s.trigger("t0")
@@ -278,10 +278,10 @@ async def test_busy_skip_retries_sooner_and_does_not_break_a_streak():
     s.start()
     try:
         for n in (1, 2, 3):
-            await until(lambda: not s._runners["t0"].busy)
+            await until(lambda: not s.busy("t0"))
             s.trigger("t0")
             await until(lambda: fake.calls == n and s.snapshot()["t0"].probes_total.get(fake_last(n), 0) >= 1)
-            await until(lambda: not s._runners["t0"].busy)
+            await until(lambda: not s.busy("t0"))
             if n == 2:
                 wait = s.snapshot()["t0"].next_probe_at - time.time()
                 assert 0.2 * 300 < wait <= 300  # busy: min(interval/4, 5 min), not an hour
@@ -313,7 +313,7 @@ async def test_a_crashing_probe_is_an_internal_error_and_the_loop_lives_on():
         assert (last.verdict, last.reason) == (Verdict.ERROR, ErrorReason.INTERNAL)
         assert "secret-ish" not in last.evidence
         assert s.healthy() == (True, [])
-        await until(lambda: not s._runners["t0"].busy)
+        await until(lambda: not s.busy("t0"))
         s.trigger("t0")
         await until(lambda: calls == 2)
     finally:
@@ -354,10 +354,10 @@ async def test_global_concurrency_limit_holds_probes_back():
 async def _drive(s: Scheduler, fake: "Fake", n: int) -> None:
     """Trigger probes until `fake` has been called n times, each finished and published."""
     while fake.calls < n:
-        await until(lambda: not s._runners["t0"].busy, what="idle")
+        await until(lambda: not s.busy("t0"), what="idle")
         calls = fake.calls
         s.trigger("t0")
-        await until(lambda: fake.calls == calls + 1 and not s._runners["t0"].busy, what=f"probe {calls + 1}")
+        await until(lambda: fake.calls == calls + 1 and not s.busy("t0"), what=f"probe {calls + 1}")
 
 
 async def test_non_conclusive_probes_neither_extend_nor_break_a_silent_streak():
@@ -398,11 +398,11 @@ async def test_a_first_silent_is_confirmed_after_confirm_after_then_the_interval
     s = sched(fake, [replace(t, confirm_after_s=0.2)])  # first probe at once, then on its own
     s.start()
     try:
-        await until(lambda: s.snapshot()["t0"].last is not None and not s._runners["t0"].busy, what="first probe")
+        await until(lambda: s.snapshot()["t0"].last is not None and not s.busy("t0"), what="first probe")
         assert s.snapshot()["t0"].streak == 1
         wait = s.snapshot()["t0"].next_probe_at - time.time()
         assert 0 < wait <= 0.25  # 0.2 s +-10%, not the hour
-        await until(lambda: s.snapshot()["t0"].streak == 2 and not s._runners["t0"].busy, what="the confirming probe")
+        await until(lambda: s.snapshot()["t0"].streak == 2 and not s.busy("t0"), what="the confirming probe")
         assert fake.calls == 2
         wait = s.snapshot()["t0"].next_probe_at - time.time()
         assert 0.85 * HOUR < wait <= HOUR  # confirmed: back to the interval
@@ -487,7 +487,7 @@ async def test_counters_going_back_bring_the_next_probe_to_restart_probe_delay()
         assert fake.calls == 0
         wait = s.snapshot()["t0"].next_probe_at - time.time()
         assert 0 < wait <= 0.1  # restart_probe_delay, not the hour
-        await until(lambda: fake.calls == 1 and not s._runners["t0"].busy, what="the restart's probe")
+        await until(lambda: fake.calls == 1 and not s.busy("t0"), what="the restart's probe")
         assert 0.08 < time.monotonic() - detected < 1.0
         snap = s.snapshot()["t0"]
         assert snap.restarts_detected == 1 and snap.watch_errors == 0 and snap.up is True
@@ -577,8 +577,7 @@ async def test_no_watch_when_it_would_not_poll_more_often_than_the_probes():
         s = sched(fake, [t], watch_fn=server, initial_delay=lambda i, n, iv: 0.2)
         s.start()
         try:
-            await asyncio.sleep(0.15)
-            assert s._runners["t0"].watch_task is None
+            await asyncio.sleep(0.15)  # a watch would poll within one period (<= 0.05 s): none did
         finally:
             await s.stop()
     assert server.reads == 0

@@ -112,6 +112,11 @@ class Scheduler:
         r = self._runners.get(name)
         return r.history.entries() if r else []
 
+    def busy(self, name: str) -> bool:
+        """A probe of `name` was requested or is running (POST /api/probe would answer 409)."""
+        r = self._runners.get(name)
+        return r is not None and r.busy
+
     def healthy(self) -> tuple[bool, list[str]]:
         """Exporter health: every target loop alive. Target trouble is a metric, not health."""
         if not self._started:
