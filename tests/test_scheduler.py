@@ -616,3 +616,27 @@ async def test_probes_of_many_targets_start_spacing_apart_and_the_cap_holds():
     gaps = [b - a for a, b in zip(starts, starts[1:])]
     assert min(gaps) >= 0.095, gaps  # never two starts closer than the spacing
     assert peak == 2  # and never more than max_concurrent at once
+
+
+# ------------------------------------------------------------------ the pure fold
+
+
+def test_fold_returns_the_next_state_and_leaves_the_record_and_the_old_state_alone():
+    from copy import deepcopy
+
+    from hicache_canary.target_state import after_watch, fold, fresh
+
+    t = targets(1)[0]
+    before = fresh(t)
+    rec = ProbeRecord(target=t.name, started_at=10.0, finished_at=30.0, verdict=Verdict.SILENT)
+    rec.steps = [StepRecord(Phase.COLD, latency_s=15.0), StepRecord(Phase.REHOST, latency_s=15.5)]
+    kept = deepcopy(rec)
+    after = fold(before, rec, None, 123)
+    assert rec == kept and before == fresh(t)
+    assert (after.streak, after.streak_verdict, after.last_conclusive_at, after.up, after.budget_remaining) == (1, Verdict.SILENT, 30.0, True, 123)
+    assert after.latency[Phase.COLD].count == 1 and dict(after.probes_total) == {Verdict.SILENT: 1}
+    again = fold(after, ProbeRecord(target=t.name, started_at=40.0, finished_at=41.0, verdict=Verdict.ERROR,
+                                    reason=ErrorReason.CONNECT_FAILED), True, 123)
+    assert (again.streak, again.consecutive_errors, again.up, again.last_conclusive_at) == (1, 1, False, 30.0)
+    assert after_watch(again, False, False, False) is None  # a quiet poll publishes nothing
+    assert after_watch(again, True, False, True).restarts_detected == 1

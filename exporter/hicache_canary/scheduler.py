@@ -15,7 +15,6 @@ token budget hold for it as for any other. The watch also keeps `up` fresh betwe
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import random
 import threading
@@ -25,16 +24,17 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from .budget import TokenWindow, over_budget
+from .budget import over_budget
 from .config import Target
-from .history import MAX_EVIDENCE, ResultHistory, record_to_dict
-from .models import ProbeRecord, Verdict
+from .history import MAX_EVIDENCE, record_to_dict
+from .models import ProbeRecord
 from .probe_channel import ProbeChannel
 from .probe_timing import after_probe_delay, jittered, needs_confirmation, next_delay, start_offset, start_slot, watch_phase
 from .probe_work import ProbeFunctions
 from .shown import shown_text
-from .target_state import TargetSnapshot, fold, fresh, latest_counters
-from .watch import WatchState, after_probe, delay_after_restart, observe, watch_period
+from .target_runner import Runner, Trigger
+from .target_state import TargetSnapshot, after_watch, fold, latest_counters, outcome_line
+from .watch import after_probe, delay_after_restart, observe, watch_period
 
 log = logging.getLogger("hicache_canary.scheduler")
 
@@ -42,29 +42,6 @@ ProbeFn = Callable[..., Awaitable[ProbeRecord]]  # (client, ProbeSettings, *, pr
 ClientFactory = Callable[[Target], Any]  # -> an object with `async aclose()`
 EstimateFn = Callable[[Any, Target], Awaitable[int]]  # tokens the next probe will send; may raise
 WatchFn = Callable[[Any], Awaitable[str]]  # client -> SGLang's /metrics text; raises like SGLangClient
-
-class Trigger(enum.Enum):
-    STARTED = "started"
-    IN_FLIGHT = "in_flight"
-    UNKNOWN = "unknown"
-
-
-class _Runner:
-    """Mutable per-target state, touched only from the event loop."""
-
-    def __init__(self, target: Target, history_limit: int):
-        self.target = target
-        self.snap = fresh(target)
-        self.history = ResultHistory(history_limit)
-        self.window = TokenWindow()
-        self.wake = asyncio.Event()  # a probe was requested (POST /api/probe)
-        self.nudge = asyncio.Event()  # wake the loop to re-read `due` (a request, or a restart moved it)
-        self.due = 0.0  # event-loop time of the next scheduled probe
-        self.busy = False  # a probe requested or running: POST /api/probe answers 409
-        self.task: asyncio.Task[None] | None = None
-        self.watch_task: asyncio.Task[None] | None = None
-        self.watch = WatchState()
-
 
 class Scheduler:
     def __init__(
@@ -95,7 +72,7 @@ class Scheduler:
         self._clock = clock
         self._wall = wall
         self._initial_delay = initial_delay
-        self._runners: dict[str, _Runner] = {t.name: _Runner(t, history_limit) for t in targets}
+        self._runners: dict[str, Runner] = {t.name: Runner(t, history_limit) for t in targets}
         self._lock = threading.Lock()
         self._published: Mapping[str, TargetSnapshot] = MappingProxyType({})
         self._started = False
@@ -134,7 +111,7 @@ class Scheduler:
         for i, r in enumerate(self._runners.values()):
             self._spawn(r, self._initial_delay(i, n, r.target.interval_s))
 
-    def _spawn(self, r: _Runner, delay: float) -> None:
+    def _spawn(self, r: Runner, delay: float) -> None:
         loop = asyncio.get_running_loop()
         r.task = loop.create_task(self._loop(r, delay), name=f"probe-loop:{r.target.name}")
         period = watch_period(r.target.watch_interval_s, r.target.interval_s)
@@ -165,7 +142,7 @@ class Scheduler:
     def add_target(self, target: Target) -> None:
         if target.name in self._runners:
             return
-        r = _Runner(target, self._history_limit)
+        r = Runner(target, self._history_limit)
         self._runners[target.name] = r
         if target.api_key:
             self._secrets.append(target.api_key.get_secret_value())
@@ -189,7 +166,7 @@ class Scheduler:
 
     # ---- the loop
 
-    async def _loop(self, r: _Runner, delay: float) -> None:
+    async def _loop(self, r: Runner, delay: float) -> None:
         loop = asyncio.get_running_loop()
         r.due = loop.time() + delay
         while True:
@@ -212,7 +189,7 @@ class Scheduler:
             if confirm:
                 log.info("target %s: first silent verdict; confirming it in %.0f s", t.name, delay)
 
-    async def _wait_due(self, r: _Runner, loop: asyncio.AbstractEventLoop) -> None:
+    async def _wait_due(self, r: Runner, loop: asyncio.AbstractEventLoop) -> None:
         """Until `r.due` or a request; the watch may move `due` earlier meanwhile (and nudges)."""
         while not r.wake.is_set():
             remaining = r.due - loop.time()
@@ -230,7 +207,7 @@ class Scheduler:
 
     # ---- the restart watch
 
-    async def _watch_loop(self, r: _Runner, period: float) -> None:
+    async def _watch_loop(self, r: Runner, period: float) -> None:
         await asyncio.sleep(watch_phase(period, self._rng))
         while True:
             # While a probe runs it reads /metrics itself, and ends in error if the server restarts.
@@ -250,21 +227,10 @@ class Scheduler:
         restart = False
         if reachable is not None:
             r.watch, restart = observe(r.watch, reading, reachable)
-        s = r.snap
         restart = restart and not r.busy  # a probe started meanwhile: it is already the answer
-        up = s.up if reachable is None else reachable
-        # A quiet poll changes nothing: publishing it anyway would re-render the target's /metrics
-        # lines 200 times a minute in a fleet, for nothing.
-        if up != s.up or failed or restart:
-            self._publish(
-                r,
-                replace(
-                    s,
-                    up=up,
-                    watch_errors=s.watch_errors + (1 if failed else 0),
-                    restarts_detected=s.restarts_detected + (1 if restart else 0),
-                ),
-            )
+        new = after_watch(r.snap, reachable, failed, restart)
+        if new is not None:
+            self._publish(r, new)
         if restart:
             t = r.target
             delay = delay_after_restart(t.restart_probe_delay_s, t.interval_s)
@@ -275,7 +241,7 @@ class Scheduler:
             log.info("target %s: the server restarted; probing it in %.0f s", t.name, max(0.0, r.due - loop.time()))
         return restart
 
-    async def _cycle(self, r: _Runner) -> float | None:
+    async def _cycle(self, r: Runner) -> float | None:
         """One probe (or one skip). Returns the wait until the budget allows one, if it did not."""
         async with self._sem:
             slot = await self._pace()
@@ -299,7 +265,7 @@ class Scheduler:
             await asyncio.sleep(preflight_at - loop.time())
         return self._wall() + (at - loop.time())
 
-    async def _contact(self, r: _Runner, slot: float | None = None) -> tuple[ProbeRecord, bool | None, float | None]:
+    async def _contact(self, r: Runner, slot: float | None = None) -> tuple[ProbeRecord, bool | None, float | None]:
         """The probe (or its budget skip), and the wait until the budget allows one if it did not."""
         t = r.target
         # Only this target's cycle touches its window while it runs, so reading it here is safe.
@@ -310,11 +276,11 @@ class Scheduler:
         wait = r.window.wait_for(self._clock(), need, t.token_budget_per_hour)
         return over_budget(t, need, remaining, self._wall()), up, wait
 
-    def _set_phase(self, r: _Runner, name: str) -> None:
+    def _set_phase(self, r: Runner, name: str) -> None:
         if r.snap.in_progress:
             self._publish(r, replace(r.snap, phase=name))
 
-    def _apply(self, r: _Runner, rec: ProbeRecord, up: bool | None) -> None:
+    def _apply(self, r: Runner, rec: ProbeRecord, up: bool | None) -> None:
         if rec.finished_at is None:
             rec = replace(rec, finished_at=self._wall())
         sent = rec.tokens_canary + rec.tokens_pressure
@@ -326,21 +292,11 @@ class Scheduler:
         if counters is not None:  # a probe that read the server's counters reached it
             r.watch = after_probe(r.watch, counters.prompt_tokens, counters.process_start_time, True)
         self._publish(r, new)
-        verdict = new.last.verdict or Verdict.ERROR
-        detail = rec.cause.value if verdict == Verdict.SILENT else (rec.reason.value if rec.reason else "")
-        log.info(
-            "target %s: %s%s ratio=%s tokens=%d passive=%d",
-            r.target.name,
-            verdict.value,
-            f" ({detail})" if detail else "",
-            "-" if rec.rehost_cold_ratio is None else f"{rec.rehost_cold_ratio:.3f}",
-            sent,
-            rec.pressure.passive_tokens,
-        )
+        log.info("target %s: %s", r.target.name, outcome_line(rec))
         if rec.evidence:
             log.debug("target %s: %s", r.target.name, shown_text(rec.evidence, self._secrets, MAX_EVIDENCE))
 
-    def _publish(self, r: _Runner, snap: TargetSnapshot) -> None:
+    def _publish(self, r: Runner, snap: TargetSnapshot) -> None:
         r.snap = snap
         with self._lock:
             if r.target.name in self._runners or not self._published:

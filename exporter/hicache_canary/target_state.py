@@ -149,3 +149,25 @@ def latest_counters(rec: ProbeRecord) -> CounterSnapshot | None:
             if snap is not None:
                 return snap
     return None
+
+
+def after_watch(s: TargetSnapshot, reachable: bool | None, failed: bool, restart: bool) -> TargetSnapshot | None:
+    """The snapshot after one restart-watch poll; None when the poll changed nothing.
+
+    A quiet poll is not published: it would re-render the target's /metrics lines 200 times a
+    minute in a fleet, for nothing. `reachable` None: the poll could not tell.
+    """
+    up = s.up if reachable is None else reachable
+    if up == s.up and not failed and not restart:
+        return None
+    return replace(s, up=up, watch_errors=s.watch_errors + (1 if failed else 0),
+                   restarts_detected=s.restarts_detected + (1 if restart else 0))
+
+
+def outcome_line(rec: ProbeRecord) -> str:
+    """The log line of one probe: verdict (cause or reason), ratio, tokens sent, passive tokens."""
+    verdict = rec.verdict or Verdict.ERROR
+    detail = rec.cause.value if verdict == Verdict.SILENT else (rec.reason.value if rec.reason else "")
+    ratio = "-" if rec.rehost_cold_ratio is None else f"{rec.rehost_cold_ratio:.3f}"
+    return (f"{verdict.value}{f' ({detail})' if detail else ''} ratio={ratio} "
+            f"tokens={rec.tokens_canary + rec.tokens_pressure} passive={rec.pressure.passive_tokens}")
