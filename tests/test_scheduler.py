@@ -640,3 +640,14 @@ def test_fold_returns_the_next_state_and_leaves_the_record_and_the_old_state_alo
     assert (again.streak, again.consecutive_errors, again.up, again.last_conclusive_at) == (1, 1, False, 30.0)
     assert after_watch(again, False, False, False) is None  # a quiet poll publishes nothing
     assert after_watch(again, True, False, True).restarts_detected == 1
+
+
+@pytest.mark.parametrize("need,remaining,runs", [(100, 100, True), (101, 100, False), (1, 0, False), (0, 0, True)])
+def test_the_budget_gate(need, remaining, runs):
+    from hicache_canary.budget import allows, over_budget
+
+    assert allows(need, remaining) is runs
+    t = targets(1)[0]
+    skip = over_budget(t, need, remaining, at=50.0)
+    assert skip.verdict == Verdict.SKIPPED_BUDGET and skip.started_at == skip.finished_at == 50.0
+    assert f"needs about {need} tokens; {remaining} left of {t.token_budget_per_hour} this hour" in skip.evidence

@@ -52,6 +52,15 @@ class TokenWindow:
         return 0.0
 
 
+def allows(need: int, remaining: int) -> bool:
+    """The gate: a probe runs only if the tokens it will send fit in what is left this hour.
+
+    `need` is an estimate made before the probe (pressure.estimate_probe_tokens); the window
+    counts what was actually sent, so an estimate that ran short costs the next probe, not the budget.
+    """
+    return need <= remaining
+
+
 def over_budget(t: Target, need: int, remaining: int, at: float) -> ProbeRecord:
     """The record of a probe not sent because it needs `need` tokens and only `remaining` are left
     (`at`: wall clock)."""
