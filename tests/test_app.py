@@ -10,6 +10,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from hicache_canary.app import create_app
 from hicache_canary.collector import CanaryCollector
@@ -45,7 +46,7 @@ class Gate:
         return r
 
 
-def build(token: str | None = TOKEN, gate: Gate | None = None, interval: str = "1h"):
+def build(token: str | None = TOKEN, gate: Gate | None = None, interval: str = "1h", client_factory=lambda t: None):
     env = {"HICACHE_CANARY_TARGET_URL": "http://127.0.0.1:9", "HICACHE_CANARY_INTERVAL": interval, "SGLANG_API_KEY": KEY}
     if token:
         env["HICACHE_CANARY_API_TOKEN"] = token
@@ -56,11 +57,12 @@ def build(token: str | None = TOKEN, gate: Gate | None = None, interval: str = "
 
     settings = replace(settings, targets=(replace(settings.targets[0], api_key=SecretStr(KEY)),), default_api_key=SecretStr(KEY))
     gate = gate or Gate()
-    sched = Scheduler(settings.targets, gate, lambda t: None, secrets=settings.secrets(),
+    sched = Scheduler(settings.targets, gate, client_factory, secrets=settings.secrets(),
                       initial_delay=lambda i, n, iv: 3600.0)
     reg = CollectorRegistry()
-    reg.register(CanaryCollector(sched.snapshot))
-    return create_app(settings, sched, reg), sched, gate
+    collector = CanaryCollector(sched.snapshot)
+    reg.register(collector)
+    return create_app(settings, sched, reg, collector=collector), sched, gate
 
 
 def until(cond, timeout=5.0):
@@ -142,11 +144,13 @@ def test_metrics_healthz_and_a_cached_scrape_that_follows_the_probe():
 
 
 def test_healthz_fails_when_the_scheduler_is_not_running():
-    app, sched, _ = build()
+    def broken(target):  # outside the probe's own error handling: a bug that ends the probe loop
+        raise RuntimeError("client factory bug")
+
+    app, _, _ = build(client_factory=broken)
     with TestClient(app) as c:
         assert c.get("/healthz").status_code == 200
-        for r in sched._runners.values():
-            r.task.cancel()
+        assert c.post("/api/probe/sglang", headers=auth()).status_code == 202
         until(lambda: c.get("/healthz").status_code == 503)
         assert "probe loop for sglang is not running" in c.get("/healthz").json()["problems"]
 
@@ -174,11 +178,47 @@ def test_api_targets_and_status_page_show_results_without_secrets():
             assert KEY not in text and TOKEN not in text
 
 
-@pytest.mark.parametrize("path", ["/", "/api/targets", "/metrics", "/healthz"])
-def test_pages_answer_before_any_probe(path):
-    app, _, _ = build()
+def _before_any_probe_page(r):
+    html = r.text
+    assert '<section class="target" id="t-sglang">' in html and '<span class="badge v-none">none</span>' in html
+    for shown in ("no probe has finished yet", "not contacted yet", "none yet", "no measured probes yet", "3600 s"):
+        assert shown in html, shown
+
+
+def _before_any_probe_api(r):
+    [t] = r.json()["targets"]
+    assert t["config"]["name"] == "sglang" and t["last"] is None and t["history"] == []
+    assert t["state"]["verdict"] is None and t["state"]["in_progress"] is False
+
+
+def _before_any_probe_metrics(r):
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(r.text) for s in f.samples}
+    verdicts = {k: v for k, v in samples.items() if k[0] == "hicache_canary_verdict"}
+    assert len(verdicts) == len(Verdict) and set(verdicts.values()) == {0.0}  # listed, none set
+    assert samples[("hicache_canary_probes_total", (("target", "sglang"), ("verdict", "reused")))] == 0
+    assert samples[("hicache_canary_config_last_reload_successful", ())] == 1
+    assert not any(name == "hicache_canary_rehost_cold_ratio" for name, _ in samples)  # no ratio guessed
+
+
+def _before_any_probe_health(r):
+    assert r.json() == {"status": "ok", "config": "loaded", "targets": 1, "problems": []}
+
+
+@pytest.mark.parametrize("path,shows", [
+    ("/", _before_any_probe_page),
+    ("/api/targets", _before_any_probe_api),
+    ("/metrics", _before_any_probe_metrics),
+    ("/healthz", _before_any_probe_health),
+])
+def test_pages_answer_before_any_probe(path, shows):
+    """What a user sees of a target whose first probe has not run yet (its first one is an hour away)."""
+    app, _, gate = build()
     with TestClient(app) as c:
-        assert c.get(path).status_code == 200
+        r = c.get(path)
+        assert r.status_code == 200
+        shows(r)
+    assert gate.calls == 0
 
 
 class Sequence:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import MappingProxyType
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,22 +25,55 @@ from hicache_canary.models import (
     StepRecord,
     Verdict,
 )
+from hicache_canary.config_reload import ReloadStatus
 from hicache_canary.scheduler import Scheduler
+from hicache_canary.target_state import fold, fresh
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def make(n_targets: int = 1):
+LOADED = ReloadStatus(ok=True, success_at=1_700_000_000.0)
+
+
+class Snapshots:
+    """The scheduler's published state without its loops: each record is folded in by
+    target_state.fold, as the scheduler does, and every change publishes a new mapping."""
+
+    def __init__(self, targets):
+        self.published = MappingProxyType({t.name: fresh(t) for t in targets})
+
+    def __call__(self):
+        return self.published
+
+    def targets(self):
+        return [s.target for s in self.published.values()]
+
+    def add_target(self, t):
+        self.published = MappingProxyType({**self.published, t.name: fresh(t)})
+
+    def remove_target(self, name):
+        self.published = MappingProxyType({n: s for n, s in self.published.items() if n != name})
+
+    def apply(self, rec: ProbeRecord, up=None):
+        s = self.published[rec.target]
+        left = max(0, s.budget_remaining - rec.tokens_canary - rec.tokens_pressure)
+        self.published = MappingProxyType({**self.published, rec.target: fold(s, rec, up, left)})
+
+
+def collector(snaps) -> CanaryCollector:
+    return CanaryCollector(snaps, lambda: LOADED)
+
+
+def make():
     env = {"HICACHE_CANARY_TARGET_URL": "http://127.0.0.1:9", "HICACHE_CANARY_TARGET_NAME": "gpu-0"}
-    s = load_settings(None, env)
-    sched = Scheduler(s.targets, None, lambda t: None)  # loops never start: records are applied by hand
+    snaps = Snapshots(load_settings(None, env).targets)
     reg = CollectorRegistry()
-    reg.register(CanaryCollector(sched.snapshot))
-    return sched, reg
+    reg.register(collector(snaps))
+    return snaps, reg
 
 
-def apply(sched: Scheduler, rec: ProbeRecord, up=None):
-    sched._apply(sched._runners[rec.target], rec, up)
+def apply(snaps: Snapshots, rec: ProbeRecord, up=None):
+    snaps.apply(rec, up)
 
 
 def silent_record(started: float = 1000.0) -> ProbeRecord:
@@ -79,7 +113,7 @@ def test_every_readme_metric_is_exposed_after_a_probe_and_nothing_else():
     sched, reg = make()
     apply(sched, silent_record())
     expected = readme_metrics()
-    assert "hicache_canary_host_pool_total_tokens" in expected and len(expected) == 31
+    assert "hicache_canary_host_pool_total_tokens" in expected and len(expected) == 32
     assert exposed_names(reg) == expected
 
 
@@ -168,20 +202,32 @@ def test_labels_stay_bounded_over_many_probes():
 
 
 def test_registers_with_the_standard_collectors_without_clashes():
-    sched, _ = make()
+    sched, alone = make()
+    apply(sched, silent_record())
     reg = CollectorRegistry()
-    for c in (CanaryCollector(sched.snapshot), ProcessCollector(registry=None), PlatformCollector(registry=None)):
+    for c in (collector(sched), ProcessCollector(registry=None), PlatformCollector(registry=None)):
         reg.register(c)
     GCCollector(registry=reg)
-    assert b"hicache_canary_build_info" in generate_latest(reg)
+    text = generate_latest(reg).decode()
+    names = [f.name for f in text_string_to_metric_families(text)]
+    assert len(names) == len(set(names))  # one family per name: no clash between the collectors
+    assert {"process_cpu_seconds", "process_resident_memory_bytes", "python_info", "python_gc_collections"} <= set(names)
+    ours = [line for line in text.splitlines() if "hicache_canary_" in line]
+    # the canary's lines are exactly those it renders alone: the standard collectors change nothing
+    assert ours == [line for line in generate_latest(alone).decode().splitlines() if "hicache_canary_" in line]
+    assert 'hicache_canary_verdict{target="gpu-0",verdict="silent"} 1.0' in ours
 
 
 def test_describe_touches_no_state():
     def boom():
         raise AssertionError("describe() must not read snapshots")
 
+    c = CanaryCollector(boom, lambda: LOADED)
     reg = CollectorRegistry(auto_describe=True)
-    reg.register(CanaryCollector(boom))  # would call collect() if describe() were missing
+    reg.register(c)  # would call collect() if describe() were missing
+    described = list(c.describe())
+    assert all(not f.samples for f in described)  # names and types only
+    assert {f.name + ("_total" if f.type == "counter" else "") for f in described} == readme_metrics()
 
 
 def test_fifty_targets_share_families_and_describe_matches_collect():
@@ -195,9 +241,9 @@ def test_fifty_targets_share_families_and_describe_matches_collect():
         rec = silent_record()
         rec.target = t.name
         apply(sched, rec)
-    collector = CanaryCollector(sched.snapshot)
-    fams = list(collector.collect())
-    assert [f.name for f in fams] == [f.name for f in collector.describe()]
+    c = collector(sched)
+    fams = list(c.collect())
+    assert [f.name for f in fams] == [f.name for f in c.describe()]
     verdict = next(f for f in fams if f.name == "hicache_canary_verdict")
     assert len({s.labels["target"] for s in verdict.samples}) == 51 and len(verdict.samples) == 51 * len(Verdict)
 
@@ -246,7 +292,7 @@ async def test_the_restart_watch_shows_down_errors_and_restarts_between_probes()
     env = {"HICACHE_CANARY_TARGET_URL": "http://127.0.0.1:9", "HICACHE_CANARY_TARGET_NAME": "gpu-0"}
     sched = Scheduler(load_settings(None, env).targets, None, lambda t: None, watch_fn=server)
     reg = CollectorRegistry()
-    reg.register(CanaryCollector(sched.snapshot))
+    reg.register(collector(sched.snapshot))
     g, t = reg.get_sample_value, {"target": "gpu-0"}
     seen = []
     for _ in range(4):

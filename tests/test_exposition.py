@@ -13,7 +13,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 
 from hicache_canary import exposition
 from hicache_canary.exposition import Exposition
-from test_collector import apply, make, silent_record
+from test_collector import apply, collector, make, silent_record
 
 OPENMETRICS = b"application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
 
@@ -51,7 +51,7 @@ async def scrape(exp: Exposition, accept: bytes = b"", gz: bool = False) -> tupl
 ])
 async def test_the_spliced_body_is_what_prometheus_client_renders(accept, render, content_type):
     sched, reg = fleet(12)
-    exp = Exposition(sched.snapshot, None)
+    exp = Exposition(sched, None, collector(sched))
     head, body = await scrape(exp, accept)
     assert head[b"content-type"].startswith(content_type)
     assert body == render(reg)
@@ -63,14 +63,14 @@ async def test_the_spliced_body_is_what_prometheus_client_renders(accept, render
     apply(sched, rec)
     _, after = await scrape(exp, accept)
     assert after == render(reg) and after != body
-    await sched.remove_target("t02")  # and a target that goes takes its lines with it
+    sched.remove_target("t02")  # and a target that goes takes its lines with it
     _, after = await scrape(exp, accept)
     assert after == render(reg) and b'target="t02"' not in after
 
 
 async def test_a_large_exposition_is_rebuilt_in_the_background_never_in_the_scrape(monkeypatch):
     sched, reg = fleet(6)
-    exp = Exposition(sched.snapshot, None)
+    exp = Exposition(sched, None, collector(sched))
     await scrape(exp)  # the first body is always built
     monkeypatch.setattr(exposition, "INLINE_MAX_TARGETS", 2)  # as if it had 200 targets
     renders = 0

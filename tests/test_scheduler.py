@@ -13,17 +13,9 @@ from hicache_canary.config import load_settings
 from hicache_canary.history import ResultHistory, record_to_dict
 from hicache_canary.models import CachedTokens, ErrorReason, Phase, ProbeRecord, StepRecord, Verdict
 from hicache_canary.sglang_client import SGLangError
-from hicache_canary.scheduler import (
-    Scheduler,
-    TokenWindow,
-    Trigger,
-    after_probe_delay,
-    jittered,
-    needs_confirmation,
-    next_delay,
-    next_start,
-    start_offset,
-)
+from hicache_canary.budget import TokenWindow
+from hicache_canary.probe_timing import after_probe_delay, jittered, needs_confirmation, next_delay, next_start, start_offset
+from hicache_canary.scheduler import Scheduler, Trigger
 
 HOUR = 3600.0
 
@@ -240,7 +232,7 @@ async def test_budget_skips_without_calling_the_probe():
         for expected in (1, 2):
             assert s.trigger("t0") is Trigger.STARTED
             await until(lambda: fake.calls == expected and s.snapshot()["t0"].last is not None and not s.snapshot()["t0"].in_progress)
-            await until(lambda: not s._runners["t0"].busy, what="idle")
+            await until(lambda: not s.busy("t0"), what="idle")
         assert s.snapshot()["t0"].budget_remaining == 1000
         assert s.trigger("t0") is Trigger.STARTED
         await until(lambda: s.snapshot()["t0"].last.verdict == Verdict.SKIPPED_BUDGET, what="budget skip")
@@ -261,14 +253,14 @@ async def test_errors_back_off_and_mark_the_target_down_then_recover():
     s.start()
     try:
         for n in (1, 2):
-            await until(lambda: not s._runners["t0"].busy)
+            await until(lambda: not s.busy("t0"))
             s.trigger("t0")
             await until(lambda: fake.calls == n and s.snapshot()["t0"].consecutive_errors == n, what=f"error {n}")
             await until(lambda: s.snapshot()["t0"].next_probe_at is not None and not s.snapshot()["t0"].in_progress)
         snap = s.snapshot()["t0"]
         assert snap.up is False and snap.errors_total[ErrorReason.CONNECT_FAILED] == 2
         # second consecutive error: a half interval (x jitter), not the full hour
-        await until(lambda: not s._runners["t0"].busy)
+        await until(lambda: not s.busy("t0"))
         wait = s.snapshot()["t0"].next_probe_at - time.time()
         assert 0.45 * HOUR - 5 < wait < 0.55 * HOUR
         s.trigger("t0")
@@ -286,10 +278,10 @@ async def test_busy_skip_retries_sooner_and_does_not_break_a_streak():
     s.start()
     try:
         for n in (1, 2, 3):
-            await until(lambda: not s._runners["t0"].busy)
+            await until(lambda: not s.busy("t0"))
             s.trigger("t0")
             await until(lambda: fake.calls == n and s.snapshot()["t0"].probes_total.get(fake_last(n), 0) >= 1)
-            await until(lambda: not s._runners["t0"].busy)
+            await until(lambda: not s.busy("t0"))
             if n == 2:
                 wait = s.snapshot()["t0"].next_probe_at - time.time()
                 assert 0.2 * 300 < wait <= 300  # busy: min(interval/4, 5 min), not an hour
@@ -321,7 +313,7 @@ async def test_a_crashing_probe_is_an_internal_error_and_the_loop_lives_on():
         assert (last.verdict, last.reason) == (Verdict.ERROR, ErrorReason.INTERNAL)
         assert "secret-ish" not in last.evidence
         assert s.healthy() == (True, [])
-        await until(lambda: not s._runners["t0"].busy)
+        await until(lambda: not s.busy("t0"))
         s.trigger("t0")
         await until(lambda: calls == 2)
     finally:
@@ -362,10 +354,10 @@ async def test_global_concurrency_limit_holds_probes_back():
 async def _drive(s: Scheduler, fake: "Fake", n: int) -> None:
     """Trigger probes until `fake` has been called n times, each finished and published."""
     while fake.calls < n:
-        await until(lambda: not s._runners["t0"].busy, what="idle")
+        await until(lambda: not s.busy("t0"), what="idle")
         calls = fake.calls
         s.trigger("t0")
-        await until(lambda: fake.calls == calls + 1 and not s._runners["t0"].busy, what=f"probe {calls + 1}")
+        await until(lambda: fake.calls == calls + 1 and not s.busy("t0"), what=f"probe {calls + 1}")
 
 
 async def test_non_conclusive_probes_neither_extend_nor_break_a_silent_streak():
@@ -406,11 +398,11 @@ async def test_a_first_silent_is_confirmed_after_confirm_after_then_the_interval
     s = sched(fake, [replace(t, confirm_after_s=0.2)])  # first probe at once, then on its own
     s.start()
     try:
-        await until(lambda: s.snapshot()["t0"].last is not None and not s._runners["t0"].busy, what="first probe")
+        await until(lambda: s.snapshot()["t0"].last is not None and not s.busy("t0"), what="first probe")
         assert s.snapshot()["t0"].streak == 1
         wait = s.snapshot()["t0"].next_probe_at - time.time()
         assert 0 < wait <= 0.25  # 0.2 s +-10%, not the hour
-        await until(lambda: s.snapshot()["t0"].streak == 2 and not s._runners["t0"].busy, what="the confirming probe")
+        await until(lambda: s.snapshot()["t0"].streak == 2 and not s.busy("t0"), what="the confirming probe")
         assert fake.calls == 2
         wait = s.snapshot()["t0"].next_probe_at - time.time()
         assert 0.85 * HOUR < wait <= HOUR  # confirmed: back to the interval
@@ -495,7 +487,7 @@ async def test_counters_going_back_bring_the_next_probe_to_restart_probe_delay()
         assert fake.calls == 0
         wait = s.snapshot()["t0"].next_probe_at - time.time()
         assert 0 < wait <= 0.1  # restart_probe_delay, not the hour
-        await until(lambda: fake.calls == 1 and not s._runners["t0"].busy, what="the restart's probe")
+        await until(lambda: fake.calls == 1 and not s.busy("t0"), what="the restart's probe")
         assert 0.08 < time.monotonic() - detected < 1.0
         snap = s.snapshot()["t0"]
         assert snap.restarts_detected == 1 and snap.watch_errors == 0 and snap.up is True
@@ -585,8 +577,7 @@ async def test_no_watch_when_it_would_not_poll_more_often_than_the_probes():
         s = sched(fake, [t], watch_fn=server, initial_delay=lambda i, n, iv: 0.2)
         s.start()
         try:
-            await asyncio.sleep(0.15)
-            assert s._runners["t0"].watch_task is None
+            await asyncio.sleep(0.15)  # a watch would poll within one period (<= 0.05 s): none did
         finally:
             await s.stop()
     assert server.reads == 0
@@ -625,3 +616,38 @@ async def test_probes_of_many_targets_start_spacing_apart_and_the_cap_holds():
     gaps = [b - a for a, b in zip(starts, starts[1:])]
     assert min(gaps) >= 0.095, gaps  # never two starts closer than the spacing
     assert peak == 2  # and never more than max_concurrent at once
+
+
+# ------------------------------------------------------------------ the pure fold
+
+
+def test_fold_returns_the_next_state_and_leaves_the_record_and_the_old_state_alone():
+    from copy import deepcopy
+
+    from hicache_canary.target_state import after_watch, fold, fresh
+
+    t = targets(1)[0]
+    before = fresh(t)
+    rec = ProbeRecord(target=t.name, started_at=10.0, finished_at=30.0, verdict=Verdict.SILENT)
+    rec.steps = [StepRecord(Phase.COLD, latency_s=15.0), StepRecord(Phase.REHOST, latency_s=15.5)]
+    kept = deepcopy(rec)
+    after = fold(before, rec, None, 123)
+    assert rec == kept and before == fresh(t)
+    assert (after.streak, after.streak_verdict, after.last_conclusive_at, after.up, after.budget_remaining) == (1, Verdict.SILENT, 30.0, True, 123)
+    assert after.latency[Phase.COLD].count == 1 and dict(after.probes_total) == {Verdict.SILENT: 1}
+    again = fold(after, ProbeRecord(target=t.name, started_at=40.0, finished_at=41.0, verdict=Verdict.ERROR,
+                                    reason=ErrorReason.CONNECT_FAILED), True, 123)
+    assert (again.streak, again.consecutive_errors, again.up, again.last_conclusive_at) == (1, 1, False, 30.0)
+    assert after_watch(again, False, False, False) is None  # a quiet poll publishes nothing
+    assert after_watch(again, True, False, True).restarts_detected == 1
+
+
+@pytest.mark.parametrize("need,remaining,runs", [(100, 100, True), (101, 100, False), (1, 0, False), (0, 0, True)])
+def test_the_budget_gate(need, remaining, runs):
+    from hicache_canary.budget import allows, over_budget
+
+    assert allows(need, remaining) is runs
+    t = targets(1)[0]
+    skip = over_budget(t, need, remaining, at=50.0)
+    assert skip.verdict == Verdict.SKIPPED_BUDGET and skip.started_at == skip.finished_at == 50.0
+    assert f"needs about {need} tokens; {remaining} left of {t.token_budget_per_hour} this hour" in skip.evidence

@@ -8,6 +8,7 @@ server's own traffic, and a status page a browser renders.
 
 from __future__ import annotations
 
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -284,3 +285,45 @@ def test_a_restarted_server_is_probed_after_restart_probe_delay_not_its_interval
         if exp is not None:
             exp.stop()
         sim.stop()
+
+
+def test_sighup_reloads_the_config_and_a_broken_one_leaves_it_running(tmp_path):
+    """As blackbox_exporter: SIGHUP re-reads the file; a valid config replaces the targets (kept
+    ones keep their state), a broken one is refused, logged, and shown by the reload gauge."""
+    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(4)]  # nothing listens: probes end in connect_failed
+    quiet = {"interval": "1h", "watch_interval": "0s"}
+    cfg = {"defaults": quiet, "targets": [{"name": "keep", "url": dead[0]}, {"name": "gone", "url": dead[1]},
+                                          {"name": "moved", "url": dead[2]}]}
+    exp, url = start_exporter(tmp_path, cfg)
+    path = tmp_path / "exporter.yml"
+
+    def targets() -> dict[str, dict]:
+        return {t["config"]["name"]: t for t in HTTP.get(url + "/api/targets").json()["targets"]}
+
+    try:
+        first = wait_for(lambda: targets()["keep"]["last"], 20, "keep's first probe")
+        loaded_at = val(scrape(url), "hicache_canary_config_last_reload_success_timestamp_seconds")
+        assert val(scrape(url), "hicache_canary_config_last_reload_successful") == 1 and loaded_at > 0
+
+        new = {"listen": {"host": "127.0.0.1", "port": int(url.rsplit(":", 1)[1])}, "defaults": quiet,
+               "targets": [{"name": "keep", "url": dead[0]}, {"name": "moved", "url": dead[3]}, {"name": "new", "url": dead[1]}]}
+        path.write_text(yaml.safe_dump(new))
+        exp.popen.send_signal(signal.SIGHUP)
+        now = wait_for(lambda: (lambda t: t if set(t) == {"keep", "moved", "new"} else None)(targets()), 10, "the new targets")
+        assert now["moved"]["config"]["url"] == dead[3]
+        assert now["keep"]["last"]["started_at"] == first["started_at"]  # unchanged: its state kept, not re-probed
+        m = scrape(url)
+        assert val(m, "hicache_canary_config_last_reload_successful") == 1
+        assert val(m, "hicache_canary_config_last_reload_success_timestamp_seconds") > loaded_at
+        assert val(m, "hicache_canary_verdict", target="gone", verdict="error") is None  # its series went with it
+
+        path.write_text("targets:\n  - name: keep\n    url: not-a-url\n")
+        exp.popen.send_signal(signal.SIGHUP)
+        wait_for(lambda: val(scrape(url), "hicache_canary_config_last_reload_successful") == 0, 10, "the gauge at 0")
+        assert set(targets()) == {"keep", "moved", "new"}  # the old config still runs
+        assert val(scrape(url), "hicache_canary_config_last_reload_success_timestamp_seconds") == \
+            val(m, "hicache_canary_config_last_reload_success_timestamp_seconds")
+        assert "config reload failed" in exp.log() and "targets[0].url" in exp.log()
+        assert HTTP.get(url + "/healthz").status_code == 200
+    finally:
+        exp.stop()

@@ -22,10 +22,13 @@ from prometheus_client import CollectorRegistry, make_asgi_app
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .collector import CanaryCollector
 from .config import Settings
+from .config_reload import ConfigReloader
 from .exposition import PROMETHEUS_ACCEPT, Exposition
 from .history import record_to_dict
-from .scheduler import Scheduler, TargetSnapshot, Trigger
+from .scheduler import Scheduler, Trigger
+from .target_state import TargetSnapshot
 from .statuspage import render_status_page
 
 log = logging.getLogger("hicache_canary.app")
@@ -131,13 +134,17 @@ def create_app(
     scheduler: Scheduler,
     registry: CollectorRegistry,
     *,
+    collector: CanaryCollector,
     background: list[Callable[[], Awaitable[None]]] | None = None,
     discovery: list[Any] | None = None,
     shard: Any = None,
+    reloader: ConfigReloader | None = None,
 ) -> FastAPI:
     """`background`: extra coroutines run for the app's lifetime (discovery loops).
 
     `discovery` (objects with `status()`) and `shard` (a sharding.ShardView) are shown in /api/targets.
+    `collector`: the one registered in `registry`, which /metrics' fast path renders too.
+    `reloader`: reloads the config on SIGHUP for the app's lifetime.
     """
     token = settings.probe_api_token.get_secret_value().encode() if settings.probe_api_token else None
 
@@ -147,7 +154,7 @@ def create_app(
 
         scheduler.start()
         metrics.warm(PROMETHEUS_ACCEPT, b"")
-        extra = [asyncio.create_task(fn()) for fn in (background or [])]
+        extra = [asyncio.create_task(fn()) for fn in (background or []) + ([reloader.run] if reloader else [])]
         app.state.background = extra
         try:
             yield
@@ -160,13 +167,13 @@ def create_app(
 
     app = FastAPI(title="hicache-canary", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit)
-    metrics = Exposition(scheduler.snapshot, make_asgi_app(registry=registry))
+    metrics = Exposition(scheduler.snapshot, make_asgi_app(registry=registry), collector)
     app.router.routes.append(Route("/metrics", metrics, methods=["GET"]))
     # Outermost, so a scrape skips routing and FastAPI's per-request machinery (~half its cost).
     app.add_middleware(MetricsFastPath, metrics=metrics)
 
     def secrets() -> list[str]:
-        return settings.secrets()
+        return (reloader.settings if reloader else settings).secrets()
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:

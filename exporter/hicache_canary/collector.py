@@ -31,10 +31,13 @@ from collections.abc import Callable, Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+import time
+
 from . import __version__
+from .config_reload import ReloadStatus
 from .models import Cause, ErrorReason, Phase, ProbeRecord, ServerFacts, Tier, Verdict
 from .shown import server_token
-from .scheduler import LATENCY_BUCKETS, LATENCY_PHASES, Histogram, TargetSnapshot
+from .target_state import LATENCY_BUCKETS, LATENCY_PHASES, Histogram, TargetSnapshot
 
 P = "hicache_canary_"
 T = ["target"]
@@ -78,7 +81,8 @@ def _families() -> dict[str, Metric]:
         ),
         "host_used": g(P + "host_pool_used_tokens", "SGLang's host pool used tokens at the end of the last probe", labels=T),
         "host_total": g(P + "host_pool_total_tokens", "SGLang's host pool size in tokens at the end of the last probe", labels=T),
-        "reload": g(P + "config_last_reload_successful", "1 when the config in use loaded cleanly"),
+        "reload": g(P + "config_last_reload_successful", "1 when the last config load (start or SIGHUP) succeeded"),
+        "reload_at": g(P + "config_last_reload_success_timestamp_seconds", "when the config in use was loaded"),
         "build": g(P + "build_info", "1; the exporter's version", labels=["version"]),
     }
 
@@ -145,9 +149,13 @@ def _le(v: float) -> str:
 class CanaryCollector(Collector):
     """Reads `snapshots()` (name -> TargetSnapshot) on every scrape; never does IO."""
 
-    def __init__(self, snapshots: Callable[[], Mapping[str, TargetSnapshot]], config_ok: Callable[[], bool] = lambda: True):
+    def __init__(self, snapshots: Callable[[], Mapping[str, TargetSnapshot]],
+                 config_status: Callable[[], ReloadStatus] | None = None):
         self._snapshots = snapshots
-        self._config_ok = config_ok
+        if config_status is None:
+            loaded = ReloadStatus(True, time.time())  # no reloads: the config loaded once, now
+            config_status = lambda: loaded  # noqa: E731
+        self.config_status = config_status
 
     def describe(self) -> Iterator[Metric]:
         # Names only: registering must not touch scheduler state (client_python's advice).
@@ -157,8 +165,7 @@ class CanaryCollector(Collector):
         fams = _families()
         for name, s in sorted(self._snapshots().items()):
             self._target(fams, name, s)
-        fams["reload"].add_metric([], 1.0 if self._config_ok() else 0.0)
-        fams["build"].add_metric([__version__], 1.0)
+        self._globals(fams, self.config_status())
         return iter(fams.values())
 
     def target_families(self, name: str, s: TargetSnapshot) -> list[Metric]:
@@ -167,12 +174,17 @@ class CanaryCollector(Collector):
         self._target(fams, name, s)
         return list(fams.values())
 
-    def global_families(self) -> list[Metric]:
+    def global_families(self, status: ReloadStatus) -> list[Metric]:
         """Every family with only the samples that belong to no target (config, build)."""
         fams = _families()
-        fams["reload"].add_metric([], 1.0 if self._config_ok() else 0.0)
-        fams["build"].add_metric([__version__], 1.0)
+        self._globals(fams, status)
         return list(fams.values())
+
+    @staticmethod
+    def _globals(fams: dict[str, Metric], status: ReloadStatus) -> None:
+        fams["reload"].add_metric([], 1.0 if status.ok else 0.0)
+        fams["reload_at"].add_metric([], status.success_at)
+        fams["build"].add_metric([__version__], 1.0)
 
     def _target(self, fams: dict[str, Metric], name: str, s: TargetSnapshot) -> None:
         last = s.last

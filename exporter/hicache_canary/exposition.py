@@ -30,7 +30,8 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from .collector import CanaryCollector
-from .scheduler import TargetSnapshot
+from .config_reload import ReloadStatus
+from .target_state import TargetSnapshot
 
 log = logging.getLogger("hicache_canary.exposition")
 # Up to this many targets (a few ms to write them all, ~250 kB) a scrape after a change rebuilds the
@@ -100,13 +101,23 @@ class Format:
 
     def __init__(self, encoder: Callable[[Any], bytes], content_type: str, collector: CanaryCollector):
         self.content_type = content_type
-        text = encoder(_Families(collector.global_families())).decode()
-        self.heads, self.globals = split_families(text)
-        self.trailer = "# EOF\n" if text.rstrip().endswith("# EOF") else ""
+        self._encoder = encoder
+        self._collector = collector
+        self.status: ReloadStatus | None = None  # the config status `globals` show
         self.body: Body | None = None
         self.first = asyncio.Event()  # set once a body exists
 
+    def current(self, snaps: Mapping[str, TargetSnapshot]) -> bool:
+        """The body shows these snapshots and the config status as it is now."""
+        return self.body is not None and self.body.version is snaps and self.status is self._collector.config_status()
+
     def assemble(self, names: list[str], frags: Mapping[str, tuple[TargetSnapshot, list[str]]]) -> bytes:
+        status = self._collector.config_status()
+        if status is not self.status:  # the global lines change only on a config reload
+            text = self._encoder(_Families(self._collector.global_families(status))).decode()
+            self.heads, self.globals = split_families(text)
+            self.trailer = "# EOF\n" if text.rstrip().endswith("# EOF") else ""
+            self.status = status
         parts: list[str] = []
         for i, head in enumerate(self.heads):
             parts.append(head)
@@ -120,10 +131,10 @@ class Exposition:
     """The /metrics ASGI endpoint. Requests with a query string (`name[]=`) go to `fallback`."""
 
     def __init__(self, snapshots: Callable[[], Mapping[str, TargetSnapshot]], fallback: Callable[..., Any],
-                 collector: CanaryCollector | None = None):
+                 collector: CanaryCollector):
         self.snapshots = snapshots
         self.fallback = fallback
-        self.collector = collector or CanaryCollector(snapshots)
+        self.collector = collector  # the registry's own: one config status for both paths
         self.frags: dict[str, tuple[TargetSnapshot, list[str]]] = {}  # target -> (its snapshot, its lines)
         self._formats: dict[str, Format] = {}  # by content type
         self._by_accept: dict[bytes, Format] = {}
@@ -161,7 +172,7 @@ class Exposition:
     async def body(self, fmt: Format) -> Body:
         snaps = self.snapshots()
         body = fmt.body
-        if body is not None and body.version is snaps:
+        if body is not None and fmt.current(snaps):
             return body
         if len(snaps) <= INLINE_MAX_TARGETS:
             return self.build_inline(fmt, snaps)
@@ -188,7 +199,7 @@ class Exposition:
         """Keeps every format's body following the snapshots, whether or not anyone scrapes."""
         while True:
             snaps = self.snapshots()
-            todo = [f for f in self._formats.values() if f.body is None or f.body.version is not snaps]
+            todo = [f for f in self._formats.values() if not f.current(snaps)]
             if todo:
                 try:
                     for name in self.stale(snaps):

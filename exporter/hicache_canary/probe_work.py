@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .budget import allows
 from .config import Target
 from .models import ErrorReason, Phase, ProbeRecord, Verdict
 from .watch import WatchReading, read_metrics
@@ -95,7 +96,7 @@ async def contact(fns: ProbeFunctions, t: Target, remaining: int, on_phase: Call
                 raise
             except Exception as exc:  # the probe itself will report what is wrong
                 log.debug("target %s: estimate failed (%s)", t.name, type(exc).__name__)
-        if need > remaining:
+        if not allows(need, remaining):
             return None, up, need
         if not_before is not None and not_before > time.time():
             await asyncio.sleep(not_before - time.time())

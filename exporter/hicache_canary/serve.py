@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from .config import ConfigError, Settings, Target, load_settings
@@ -47,22 +48,21 @@ async def _estimate(client: Any, target: Target) -> int:
     return estimate_probe_tokens(target.probe, facts, snap)
 
 
-def build(settings: Settings) -> Any:
-    """The ASGI app for these settings, with the real canary behind it."""
+def build(settings: Settings, config_path: str | None = None, env: Mapping[str, str] = os.environ) -> Any:
+    """The ASGI app for these settings, with the real canary behind it; SIGHUP re-reads
+    `config_path` (and `env`) as load_settings did for `settings`."""
     from prometheus_client import CollectorRegistry
 
     from .app import create_app
     from .collector import CanaryCollector
+    from .config_reload import ConfigReloader
     from .scheduler import Scheduler
-
     from .sharding import ShardView
 
     shard = ShardView(settings.shard)
-    # Static targets are sharded like discovered ones: every replica may run the same config.
-    mine = shard.keep("config", [t.name for t in settings.targets])
     # By name: only the probe worker process imports the canary, httpx and the SGLang parsers.
     scheduler = Scheduler(
-        [t for t in settings.targets if t.name in mine],
+        [],
         "hicache_canary.canary:run_probe",
         "hicache_canary.serve:_client_factory",
         estimate_fn="hicache_canary.serve:_estimate",
@@ -72,8 +72,12 @@ def build(settings: Settings) -> Any:
         secrets=settings.secrets(),
         offload=True,
     )
+    reloader = ConfigReloader(config_path, env, settings, scheduler, shard)
+    for t in reloader.targets:  # the static targets, this replica's share of them
+        scheduler.add_target(t)
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(CanaryCollector(scheduler.snapshot))
+    collector = CanaryCollector(scheduler.snapshot, lambda: reloader.status)
+    registry.register(collector)
     sources: list[Any] = []
     if settings.docker is not None:
         from .discovery import DockerDiscovery
@@ -86,7 +90,8 @@ def build(settings: Settings) -> Any:
             sources.append(FileSDDiscovery(settings, scheduler, shard))
         if settings.prometheus_sd is not None:
             sources.append(PrometheusDiscovery(settings, scheduler, shard))
-    return create_app(settings, scheduler, registry, background=[d.run for d in sources], discovery=sources, shard=shard)
+    return create_app(settings, scheduler, registry, background=[d.run for d in sources], discovery=sources, shard=shard,
+                      collector=collector, reloader=reloader)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         "enabled" if settings.probe_api_token else "disabled (no token)",
     )
     config = uvicorn.Config(
-        build(settings),
+        build(settings, args.config, os.environ),
         host=host,
         port=port,
         log_level=args.log_level,

@@ -18,7 +18,7 @@ from . import __version__
 from .history import record_to_dict
 from .models import Verdict
 from .next_step import explain
-from .scheduler import TargetSnapshot
+from .target_state import TargetSnapshot
 
 CSS = resources.files("hicache_canary").joinpath("static/status.css").read_text()
 W, H, PAD = 340, 150, 28
