@@ -15,6 +15,7 @@ import pytest
 
 from canary_proxy import ReshapingProxy
 from hicache_canary.canary import WARMUP_TOKENS, ProgressEvent, run_probe
+from hicache_canary.dp_rotation import DpRankRotation, pinned_rank
 from hicache_canary.models import (
     CachedTokens,
     Cause,
@@ -41,11 +42,11 @@ def settings(**kw) -> ProbeSettings:
 SEEDS = itertools.count(7)
 
 
-async def probe(url: str, **kw):
+async def probe(url: str, dp_ranks: DpRankRotation | None = None, **kw):
     events: list[ProgressEvent] = []
     async with SGLangClient(url) as c:
         # A new seed per probe, as in production (random.Random()): a repeated R would be a device hit.
-        rec = await run_probe(c, settings(**kw), progress=events.append, rng=random.Random(next(SEEDS)))
+        rec = await run_probe(c, settings(**kw), progress=events.append, rng=random.Random(next(SEEDS)), dp_ranks=dp_ranks)
     return rec, events
 
 
@@ -232,6 +233,25 @@ async def test_dp_server_pins_every_request_and_rotates(sim) -> None:
         await probe(proxy.url, target="dp-rotation")
         second = {b.get("routed_dp_rank") for b in proxy.bodies}
     assert len(first) == 1 and len(second) == 1 and first != second and None not in first | second
+
+
+async def test_the_dp_rotation_is_the_callers(sim) -> None:
+    url = sim(*HYBRID, "--hicache-write-policy", "write_back")
+    turns, seen = DpRankRotation(), []
+    with ReshapingProxy(url, dp_size=2) as proxy:
+        for kw in ({}, {}, {"dp_rank": 0}, {}):  # a configured rank takes no turn
+            proxy.bodies.clear()
+            await probe(proxy.url, dp_ranks=turns, **kw)
+            seen.append({b.get("routed_dp_rank") for b in proxy.bodies})
+    assert seen == [{0}, {1}, {0}, {0}]
+
+
+def test_dp_rank_turns_per_target_and_none_without_dp() -> None:
+    turns = DpRankRotation()
+    assert [pinned_rank(None, 3, "a", turns) for _ in range(4)] == [0, 1, 2, 0]
+    assert pinned_rank(None, 3, "b", turns) == 0
+    assert pinned_rank(None, 1, "a", turns) is None and pinned_rank(2, 1, "a", turns) is None
+    assert pinned_rank(2, 4, "a", turns) == 2 and pinned_rank(None, 4, "a", turns) == 0  # a's 5th turn, 4 mod 4
 
 
 async def test_busy_server_is_skipped_without_tokens(sim) -> None:

@@ -51,6 +51,7 @@ from .pressure import (
     turnover,
 )
 from .continuity import broken_continuity
+from .dp_rotation import PROCESS_ROTATION, DpRankRotation, pinned_rank
 from .sglang_client import SGLangClient, SGLangError
 from .sglang_metrics import looks_like_router
 from .verdict import decide
@@ -87,9 +88,6 @@ class ProgressEvent:
 
 ProgressFn = Callable[[ProgressEvent], None]
 
-_next_dp_rank: dict[str, int] = {}  # per target: rotate the pinned DP rank between probes
-
-
 class _Stop(Exception):
     """Ends a probe early with an error reason (target trouble we detected ourselves)."""
 
@@ -104,14 +102,19 @@ async def run_probe(
     *,
     progress: ProgressFn | None = None,
     rng: random.Random | None = None,
+    dp_ranks: DpRankRotation | None = None,
 ) -> ProbeRecord:
-    """Run one probe and return its record with verdict, cause and evidence filled in."""
-    return await _Probe(client, settings, progress, rng or random.Random()).run()
+    """Run one probe and return its record with verdict, cause and evidence filled in.
+
+    `dp_ranks`: whose turn of DP ranks this probe takes on a DP server (default: the process's).
+    """
+    return await _Probe(client, settings, progress, rng or random.Random(), dp_ranks or PROCESS_ROTATION).run()
 
 
 class _Probe:
-    def __init__(self, client: SGLangClient, settings: ProbeSettings, progress: ProgressFn | None, rng: random.Random):
-        self.c, self.s, self.progress, self.rng = client, settings, progress, rng
+    def __init__(self, client: SGLangClient, settings: ProbeSettings, progress: ProgressFn | None, rng: random.Random,
+                 dp_ranks: DpRankRotation):
+        self.c, self.s, self.progress, self.rng, self.dp_ranks = client, settings, progress, rng, dp_ranks
         self.rec = ProbeRecord(target=settings.target, started_at=time.time())
         self.t0 = time.monotonic()
         self.facts = ServerFacts()
@@ -198,12 +201,7 @@ class _Probe:
             raise _Stop(ErrorReason.CONTEXT_TOO_LONG, f"the server's limits (max_req_input_len {self.facts.max_req_input_len}) leave no room for a probe context")
         self.rec.context_tokens = length
         self.r_ids = self.ids(length)
-        if self.facts.dp_size > 1:
-            if self.s.dp_rank is not None:
-                self.dp_rank = self.s.dp_rank
-            else:
-                n = _next_dp_rank.get(self.s.target, 0)
-                self.dp_rank, _next_dp_rank[self.s.target] = n % self.facts.dp_size, n + 1
+        self.dp_rank = pinned_rank(self.s.dp_rank, self.facts.dp_size, self.s.target, self.dp_ranks)
         self.rec.api = "openai" if self.s.api == "openai" else "native"
         self.planned = r_sends(self.facts) * length  # pressure is added once sized
         return True
