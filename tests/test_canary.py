@@ -266,7 +266,13 @@ async def test_server_traffic_is_credited_as_passive_pressure(sim) -> None:
     rec, _ = await probe(url, passive_wait_s=5.0, busy_queue_threshold=1000)  # a busy server is the point here
     assert rec.pressure.passive_tokens > 0, rec.pressure
     assert rec.pressure.synthetic_tokens < rec.pressure.planned_tokens
-    assert rec.verdict in (Verdict.REUSED, Verdict.SILENT)
+    # The server's own traffic (5 simulated rps of 4,000-token prompts, up to 2,500 a second of real
+    # time at this time scale) backs up 135-151k KV tokens between R's cold send and its re-send
+    # (measured, 6 runs of 6): about twice the 70,958-token host pool, so R is pushed out of host
+    # before it comes back, with a 2x margin rather than a race. A host pool that the server's own
+    # traffic outruns serves R from nothing: `silent`, never `reused`.
+    assert rec.verdict == Verdict.SILENT, rec.evidence
+    assert rec.host_fraction == 0.0, rec.evidence
 
 
 @pytest.mark.parametrize(
