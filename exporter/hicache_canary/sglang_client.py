@@ -30,6 +30,7 @@ import json
 import os
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -195,10 +196,7 @@ class SGLangClient:
         }
         if routed_dp_rank is not None:
             payload["routed_dp_rank"] = routed_dp_rank
-        start = time.perf_counter()
-        resp = await self._request("POST", "/generate", json_body=payload, timeout=self._long(timeout))
-        body = self._json(resp, "POST /generate")
-        return parse_generate(body, time.perf_counter() - start)
+        return await self._timed_post("/generate", payload, timeout, parse_generate)
 
     @_scrubbing
     async def completion(
@@ -218,12 +216,17 @@ class SGLangClient:
         }
         if model is not None:
             payload["model"] = model
-        start = time.perf_counter()
-        resp = await self._request("POST", "/v1/completions", json_body=payload, timeout=self._long(timeout))
-        body = self._json(resp, "POST /v1/completions")
-        return parse_completion(body, time.perf_counter() - start)
+        return await self._timed_post("/v1/completions", payload, timeout, parse_completion)
 
     # --- plumbing ------------------------------------------------------------------------
+
+    async def _timed_post(self, path: str, payload: dict[str, Any], timeout: float,
+                          parse: Callable[[Any, float], GenerateResult]) -> GenerateResult:
+        """POST and parse; the latency is the whole request as its caller waits it (send, prefill, body)."""
+        start = time.perf_counter()
+        resp = await self._request("POST", path, json_body=payload, timeout=self._long(timeout))
+        body = self._json(resp, f"POST {path}")
+        return parse(body, time.perf_counter() - start)
 
     def _small(self) -> httpx.Timeout:
         return httpx.Timeout(self.timeouts.read_small, connect=self.timeouts.connect)
