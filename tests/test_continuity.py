@@ -26,6 +26,9 @@ ROWS = [
     (snap(5000), snap(3000), 0, "its counters went back"),
     (snap(5000, evicted=10), snap(7048, evicted=0), 2048, "its counters went back"),
     (snap(10, start=1.0), snap(2058, start=2.0), 2048, "its process start time changed"),
+    # the restart watch's rule too: a family that was there and is gone was reset with its process
+    (snap(5000, evicted=10), snap(7048, evicted=None), 2048, "its counters went back"),
+    (snap(10, start=1.0, fams=frozenset()), snap(2058, start=2.0, fams=frozenset()), 2048, "its process start time changed"),
     # no SGLang families at all (metrics broken or off): nothing to check against
     (snap(None, evicted=None, fams=frozenset()), snap(None, evicted=None, fams=frozenset()), 2048, None),
 ]

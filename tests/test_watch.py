@@ -16,18 +16,23 @@ def reading(start: float | None = None, **counters: float) -> WatchReading:
     return WatchReading(MappingProxyType(counters), start)
 
 
+TOKENIZER = {"prompt_tokens_total", "generation_tokens_total", "num_requests_total", "cached_tokens_total"}
+
+
 @pytest.mark.parametrize(
-    "fixture,prompt,requests",
+    "fixture,prompt,requests,radix",
     [
-        pytest.param("sglang-0.5.23/metrics_write_through_silent.txt", 123690.0, 3.0, id="0.5.23"),
-        pytest.param("sglang-0.5.17-live/metrics_write_back_after_probe.txt", 94503.0, 37.0, id="0.5.17-live"),
+        pytest.param("sglang-0.5.23/metrics_write_through_silent.txt", 123690.0, 3.0,
+                     {"evicted_tokens_total", "hicache_backup_tokens_total", "prefill_effective_tokens_total"}, id="0.5.23"),
+        pytest.param("sglang-0.5.17-live/metrics_write_back_after_probe.txt", 94503.0, 37.0,
+                     {"evicted_tokens_total", "load_back_tokens_total"}, id="0.5.17-live"),
     ],
 )
-def test_reads_the_tokenizer_counters_of_real_sglang_output(fixture, prompt, requests):
+def test_reads_the_restart_counters_of_real_sglang_output(fixture, prompt, requests, radix):
     r = read_metrics(sglang_text(fixture))
     assert r.counters["prompt_tokens_total"] == prompt
     assert r.counters["num_requests_total"] == requests
-    assert set(r.counters) == {"prompt_tokens_total", "generation_tokens_total", "num_requests_total"}
+    assert set(r.counters) == TOKENIZER | radix  # the same counters the canary checks within a probe
 
 
 def test_sums_children_and_reads_process_start_time_and_skips_garbage():
@@ -38,12 +43,14 @@ def test_sums_children_and_reads_process_start_time_and_skips_garbage():
         'sglang:prompt_tokens_created{is_streaming="false"} 1.7e9',
         'sglang:num_requests_total{is_streaming="false"} not-a-number',
         'sglang:evicted_tokens_total{tp_rank="0"} 99',
+        'sglang:evicted_tokens_total{tp_rank="1"} 99',
+        'sglang:num_running_reqs{tp_rank="0"} 3',
         'process_start_time_seconds 1.7e9',
         'garbage',
         '',
     ])
     r = read_metrics(text)
-    assert dict(r.counters) == {"prompt_tokens_total": 15.0}
+    assert dict(r.counters) == {"prompt_tokens_total": 15.0, "evicted_tokens_total": 198.0}
     assert r.start_time == 1.7e9
 
 
@@ -56,6 +63,8 @@ def test_sums_children_and_reads_process_start_time_and_skips_garbage():
         pytest.param(reading(), reading(prompt_tokens_total=5), False, id="first-requests-after-an-idle-start"),
         pytest.param(reading(1.0, prompt_tokens_total=1), reading(2.0, prompt_tokens_total=9), True, id="new-start-time"),
         pytest.param(reading(1.0), reading(1.0), False, id="same-process"),
+        pytest.param(reading(evicted_tokens_total=900), reading(evicted_tokens_total=10, prompt_tokens_total=99), True,
+                     id="a-radix-counter-went-back"),
     ],
 )
 def test_restarted(prev, now, expected):

@@ -34,6 +34,7 @@ from .models import (
     StepRecord,
     Verdict,
 )
+from .prompts import Prompts, busy_reason
 from .pressure import (
     BUSY,
     CAP,
@@ -51,29 +52,16 @@ from .pressure import (
     turnover,
 )
 from .continuity import broken_continuity
+from .dp_rotation import PROCESS_ROTATION, DpRankRotation, pinned_rank
 from .sglang_client import SGLangClient, SGLangError
 from .sglang_metrics import looks_like_router
 from .verdict import decide
 
 log = logging.getLogger("hicache_canary.canary")
 
-TOKEN_ID_RANGE = (1000, 30000)
 WARMUP_TOKENS = RADIX_GRAIN_TOKENS
 FRESH_PROMPT_TOKENS = 1024  # prompt tokens below which a server has served nothing but its own start-up warm-up
 ROUTER_EVIDENCE = "the target looks like a router (sgl-router/SMG): a rehost may land on another worker; probe the workers directly"
-# Plain words (one BPE token each in common tokenizers) for OpenAI-only servers.
-WORDS = (
-    "time year people way day man thing woman life child world school state family student group country "
-    "problem hand part place case week company system program question work government number night point "
-    "home water room mother area money story fact month lot right study book eye job word business issue "
-    "side kind head house service friend father power hour game line end member law car city community "
-    "name president team minute idea kid body information back parent face others level office door health "
-    "person art war history party result change morning reason research girl guy moment air teacher force "
-    "education foot boy age policy music market sense nation plan college interest death experience effect "
-    "class control care field development role effort rate heart drug show leader light voice wife police "
-    "mind price report decision son view relationship town road arm difference value building action model "
-    "season society tax director position player record paper space ground form event official matter center"
-).split()
 
 
 @dataclass(frozen=True)
@@ -86,9 +74,6 @@ class ProgressEvent:
 
 
 ProgressFn = Callable[[ProgressEvent], None]
-
-_next_dp_rank: dict[str, int] = {}  # per target: rotate the pinned DP rank between probes
-
 
 class _Stop(Exception):
     """Ends a probe early with an error reason (target trouble we detected ourselves)."""
@@ -104,14 +89,19 @@ async def run_probe(
     *,
     progress: ProgressFn | None = None,
     rng: random.Random | None = None,
+    dp_ranks: DpRankRotation | None = None,
 ) -> ProbeRecord:
-    """Run one probe and return its record with verdict, cause and evidence filled in."""
-    return await _Probe(client, settings, progress, rng or random.Random()).run()
+    """Run one probe and return its record with verdict, cause and evidence filled in.
+
+    `dp_ranks`: whose turn of DP ranks this probe takes on a DP server (default: the process's).
+    """
+    return await _Probe(client, settings, progress, rng or random.Random(), dp_ranks or PROCESS_ROTATION).run()
 
 
 class _Probe:
-    def __init__(self, client: SGLangClient, settings: ProbeSettings, progress: ProgressFn | None, rng: random.Random):
-        self.c, self.s, self.progress, self.rng = client, settings, progress, rng
+    def __init__(self, client: SGLangClient, settings: ProbeSettings, progress: ProgressFn | None, rng: random.Random,
+                 dp_ranks: DpRankRotation):
+        self.c, self.s, self.progress, self.dp_ranks = client, settings, progress, dp_ranks
         self.rec = ProbeRecord(target=settings.target, started_at=time.time())
         self.t0 = time.monotonic()
         self.facts = ServerFacts()
@@ -126,8 +116,7 @@ class _Probe:
         self.sent_at_prev = 0  # self.sent when `prev` was taken
         self.r_ids: list[int] = []
         self.r_text = ""
-        self.tokens_per_word = 1.0
-        self.calibrated = False  # tokens_per_word measured on R's first send
+        self.prompts = Prompts(rng)
 
     async def run(self) -> ProbeRecord:
         try:
@@ -189,7 +178,7 @@ class _Probe:
             raise _Stop(ErrorReason.TARGET_IS_ROUTER, ROUTER_EVIDENCE)
         if not self.facts.enable_hierarchical_cache:
             return False
-        busy = self._busy(self.first)
+        busy = busy_reason(self.s, self.first)
         if busy:
             self.rec.verdict, self.rec.evidence = Verdict.SKIPPED_BUSY, busy
             return False
@@ -197,26 +186,11 @@ class _Probe:
         if length < MIN_CONTEXT_TOKENS:
             raise _Stop(ErrorReason.CONTEXT_TOO_LONG, f"the server's limits (max_req_input_len {self.facts.max_req_input_len}) leave no room for a probe context")
         self.rec.context_tokens = length
-        self.r_ids = self.ids(length)
-        if self.facts.dp_size > 1:
-            if self.s.dp_rank is not None:
-                self.dp_rank = self.s.dp_rank
-            else:
-                n = _next_dp_rank.get(self.s.target, 0)
-                self.dp_rank, _next_dp_rank[self.s.target] = n % self.facts.dp_size, n + 1
+        self.r_ids = self.prompts.ids(length)
+        self.dp_rank = pinned_rank(self.s.dp_rank, self.facts.dp_size, self.s.target, self.dp_ranks)
         self.rec.api = "openai" if self.s.api == "openai" else "native"
         self.planned = r_sends(self.facts) * length  # pressure is added once sized
         return True
-
-    def _busy(self, snap: CounterSnapshot | None) -> str:
-        if snap is None:
-            return ""
-        q, r = snap.num_queue_reqs, snap.num_running_reqs
-        if q is not None and q > self.s.busy_queue_threshold:
-            return f"server busy: {q:.0f} queued requests (threshold {self.s.busy_queue_threshold}); no tokens sent"
-        if r is not None and self.s.busy_running_threshold is not None and r > self.s.busy_running_threshold:
-            return f"server busy: {r:.0f} running requests (threshold {self.s.busy_running_threshold}); no tokens sent"
-        return ""
 
     async def snap(self) -> CounterSnapshot | None:
         """SGLang's counters now; None when metrics are disabled. A restart ends the probe."""
@@ -260,20 +234,12 @@ class _Probe:
 
     # --- requests ------------------------------------------------------------------------
 
-    def ids(self, n: int) -> list[int]:
-        lo, hi = TOKEN_ID_RANGE
-        return [self.rng.randint(lo, hi) for _ in range(n)]
-
-    def words(self, tokens: int) -> str:
-        n = max(1, int(tokens / self.tokens_per_word))
-        return " ".join(self.rng.choice(WORDS) for _ in range(n))
-
     async def send(self, ids: list[int] | None, tokens: int, tail: int = 0) -> GenerateResult:
         """One request; `ids` is R's (or None for new filler of about `tokens` tokens), followed by
         `tail` fresh tokens (R's prime on a hybrid model)."""
         if self.rec.api == "native":
             try:
-                prompt = (ids or self.ids(tokens)) + (self.ids(tail) if tail else [])
+                prompt = (ids or self.prompts.ids(tokens)) + (self.prompts.ids(tail) if tail else [])
                 res = await self.c.generate(prompt, routed_dp_rank=self.dp_rank, timeout=self.s.timeout_s)
             except SGLangError as exc:
                 if self.s.api != "auto" or exc.status not in (404, 405) or self.sent > 0:
@@ -282,15 +248,14 @@ class _Probe:
                 return await self.send(ids, tokens, tail)
         else:
             if ids is not None and not self.r_text:
-                self.r_text = self.words(tokens)
+                self.r_text = self.prompts.words(tokens)
             model = self.facts.served_model_name or self.facts.model_path
-            text = self.r_text if ids is not None else self.words(tokens)
+            text = self.r_text if ids is not None else self.prompts.words(tokens)
             if tail:
-                text += " " + self.words(tail)
+                text += " " + self.prompts.words(tail)
             res = await self.c.completion(text, model=model, timeout=self.s.timeout_s)
-            if ids is not None and not tail and not self.calibrated and res.prompt_tokens > 0:
-                self.tokens_per_word = res.prompt_tokens / len(self.r_text.split())
-                self.calibrated = True
+            if ids is not None and not tail:
+                self.prompts.calibrate(self.r_text, res.prompt_tokens)
         self.sent += res.prompt_tokens
         return res
 
@@ -337,7 +302,7 @@ class _Probe:
             if turnover(planted, now) is not None:
                 own = r_footprint + pr.synthetic_tokens + RADIX_GRAIN_TOKENS * pr.chunks
                 rate = server_rate(turnover(self.first, now), own, t - self.t_first)
-            busy = self._busy(now)
+            busy = busy_reason(self.s, now)
             step_next = next_move(plan, planted, now, Progress(
                 synthetic_sent=pr.synthetic_tokens, server_rate=rate, time_left_s=deadline - t, window_s=window,
                 busy=bool(busy), busy_too_long=bool(busy) and t > deadline + window,

@@ -11,7 +11,8 @@ not, the server that answered is not the one whose counters we read (issue 14: a
 restarted just after R's cold request was judged `silent`).
 
 `broken_continuity` is called for every snapshot against the previous one; a reason means
-`error(server_restarted)`. SGLang's /metrics has no `prompt_tokens_total` at all until a request
+`error(server_restarted)`. It adds this accounting to the one restart rule (restarts.py) that the
+restart watch uses too. SGLang's /metrics has no `prompt_tokens_total` at all until a request
 finishes (prometheus_client's multiprocess mode shows no family without a sample): in a snapshot
 that has SGLang families, an absent one reads 0, so R answered but missing from the counters is
 caught too. Without SGLang families at all (metrics off or broken) there is nothing to check.
@@ -20,16 +21,9 @@ caught too. Without SGLang families at all (metrics off or broken) there is noth
 from __future__ import annotations
 
 from .models import CounterSnapshot
+from .restarts import CounterReading, restart_reason, snapshot_reading
 
-# Counters SGLang only ever increments while it runs.
-MONOTONIC = ("prompt_tokens", "evicted_tokens", "backup_tokens", "load_back_tokens", "cached_tokens",
-             "prefill_effective_tokens", "dropped_tokens")
 RESTARTED = "the server restarted during the probe"
-
-
-def _total(snap: CounterSnapshot, attr: str) -> float | None:
-    v = getattr(snap, attr)
-    return sum(v.values()) if isinstance(v, dict) else v
 
 
 def _prompt(snap: CounterSnapshot) -> float | None:
@@ -43,12 +37,12 @@ def broken_continuity(prev: CounterSnapshot, now: CounterSnapshot, answered_toke
 
     `answered_tokens`: prompt tokens the server reported answering us between the two snapshots.
     """
-    if prev.process_start_time is not None and now.process_start_time is not None and now.process_start_time != prev.process_start_time:
-        return f"{RESTARTED} (its process start time changed)"
-    for attr in MONOTONIC:
-        a, b = _total(prev, attr), _total(now, attr)
-        if a is not None and b is not None and b < a:
-            return f"{RESTARTED} (its counters went back)"
+    before, after = snapshot_reading(prev), snapshot_reading(now)
+    if not now.families:  # metrics off or broken now: a family missing says nothing, the start time still does
+        before = CounterReading(start_time=before.start_time)
+    why = restart_reason(before, after)
+    if why is not None:
+        return f"{RESTARTED} ({why})"
     a, b = _prompt(prev), _prompt(now)
     if answered_tokens > 0 and a is not None and b is not None and b - a < answered_tokens:
         return (

@@ -6,10 +6,9 @@ probed soon rather than at its next scheduled probe. Every `watch_interval` the 
 A restart is:
 
 - the server was unreachable and now answers again, or
-- a counter that only grows in a live process is lower than last seen (SGLang's tokenizer
-  counters `prompt_tokens_total`, `generation_tokens_total`, `num_requests_total`, summed over
-  their children), or a family that was there is gone (SGLang creates labelled children on the
-  first request, so a fresh process has none), or `process_start_time_seconds` changed.
+- the one restart rule (restarts.py) says so: `process_start_time_seconds` changed, or one of
+  RESTART_COUNTERS (SGLang's tokenizer and radix-cache counters, summed over their children) is
+  lower than last seen or gone.
 
 The read is a line scan for those few names, not a parse of the whole exposition (which costs
 50-150 ms of Python on a real server): a watch every 30 s must cost the exporter nothing.
@@ -18,31 +17,13 @@ Everything here but `watch_period` and `delay_after_restart` is pure data in, da
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
 
-# Counters of the tokenizer manager: one process-wide copy (no rank repeats), and every request
-# moves them, so after a restart they start from nothing.
-WATCHED = ("prompt_tokens_total", "generation_tokens_total", "num_requests_total")
+from .restarts import RESTART_COUNTERS, START_TIME, CounterReading, restart_reason
+
 PREFIXES = ("sglang:", "sglang_")  # SGLang's own, and sgl-router's renaming
-START_TIME = "process_start_time_seconds"
-
-
-@dataclass(frozen=True)
-class WatchReading:
-    """The watched counters of one /metrics body: family -> sum over children (absent: missing)."""
-
-    counters: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    start_time: float | None = None
-
-    def __reduce__(self) -> tuple[object, ...]:
-        # A mappingproxy does not pickle, and readings come back from the probe worker process.
-        return (_reading, (dict(self.counters), self.start_time))
-
-
-def _reading(counters: dict[str, float], start_time: float | None) -> WatchReading:
-    return WatchReading(MappingProxyType(counters), start_time)
+WatchReading = CounterReading  # what one poll read (the name the scheduler and the probe worker use)
 
 
 @dataclass(frozen=True)
@@ -70,7 +51,7 @@ def read_metrics(text: str) -> WatchReading:
             if name.startswith(prefix):
                 short = name[len(prefix):]
                 break
-        if short not in WATCHED and name != START_TIME:
+        if short not in RESTART_COUNTERS and name != START_TIME:
             continue
         rest = line.rsplit("}", 1)[-1] if line[name_end] == "{" else line[name_end:]
         try:
@@ -85,14 +66,8 @@ def read_metrics(text: str) -> WatchReading:
 
 
 def restarted(prev: WatchReading, now: WatchReading) -> bool:
-    """True when `now` cannot come from the same process as `prev`."""
-    if prev.start_time is not None and now.start_time is not None and now.start_time != prev.start_time:
-        return True
-    for name, before in prev.counters.items():
-        after = now.counters.get(name, 0.0)  # a family that vanished was reset to nothing
-        if after < before:
-            return True
-    return False
+    """True when `now` cannot come from the same process as `prev` (restarts.restart_reason)."""
+    return restart_reason(prev, now) is not None
 
 
 def observe(state: WatchState, reading: WatchReading | None, reachable: bool) -> tuple[WatchState, bool]:
