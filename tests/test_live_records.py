@@ -14,6 +14,7 @@ import pytest
 
 from fixtures import SGLANG, sglang_json
 from hicache_canary.models import Phase, Verdict
+from hicache_canary.restarts import restart_reason, snapshot_reading
 from hicache_canary.verdict import decide
 from live_records import record, records_in_archive
 
@@ -51,3 +52,17 @@ def test_the_first_live_write_through_record_is_still_not_evicted():
     """The record that showed the bug: R came back from device; no rule may call that anything else."""
     d = sglang_json("sglang-0.5.17-live/consecutive-probes/probe_write_through_second.json")
     assert decide(record(d)).verdict == Verdict.NOT_EVICTED
+
+
+@pytest.mark.parametrize("name", sorted(LIVE))
+def test_the_restart_rule_sees_no_restart_in_a_live_probe(name):
+    """The one restart rule (restarts.py) over every pair of consecutive snapshots a live probe took:
+    these servers never restarted, so any reason it gives would have ended a good probe in error."""
+    rec = record(LIVE[name])
+    snaps = []
+    for step in rec.steps:
+        for snap in (step.before, step.after):
+            if snap is not None and (not snaps or snap is not snaps[-1]) and snap.families:
+                snaps.append(snap)
+    for prev, now in zip(snaps, snaps[1:]):
+        assert restart_reason(snapshot_reading(prev), snapshot_reading(now)) is None, (prev.taken_at, now.taken_at)
