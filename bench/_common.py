@@ -27,7 +27,7 @@ if str(REPO / "exporter") not in sys.path:
 import httpx  # noqa: E402
 
 from hicache_canary.models import GenerateResult, ProbeSettings  # noqa: E402
-from hicache_canary.sglang_client import SGLangClient  # noqa: E402
+from hicache_canary.probe.sglang_client import SGLangClient  # noqa: E402
 from hicache_canary.simulator import launch  # noqa: E402
 from hicache_canary.simulator.engine import PREFILL_S_PER_TOKEN, request_seconds  # noqa: E402
 

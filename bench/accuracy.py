@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from _common import PREFILL_S_PER_TOKEN, in_process_sim, scaled_settings, table
 
-from hicache_canary.canary import run_probe
+from hicache_canary.probe.canary import run_probe
 from hicache_canary.models import Verdict
 
 IDLE_TIME_SCALE = 0.002

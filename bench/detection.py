@@ -50,7 +50,7 @@ PAGER_SECRET = "pager_webhook_url"
 
 
 def rule_for_seconds(alert: str) -> float:
-    from hicache_canary.config import parse_duration
+    from hicache_canary.settings.config import parse_duration
 
     for path in sorted((REPO / "prometheus" / "rules").glob("*.yml")):
         for group in yaml.safe_load(path.read_text())["groups"]:

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 from _common import PREFILL_S_PER_TOKEN, Cost, MeteredClient, SimServer, fmt_int, scaled_settings, table
 
-from hicache_canary.canary import run_probe
+from hicache_canary.probe.canary import run_probe
 from hicache_canary.models import Phase, ProbeRecord, ProbeSettings
-from hicache_canary.pressure import cached_len
+from hicache_canary.probe.pressure import cached_len
 
 FULL = dict(device=354_788, host=709_577, r=40_960, chunk=8192, probes=3, bg_context=4096, bg_rps=0.5)
 # The report's server scaled down 10x: same shape, seconds instead of minutes.

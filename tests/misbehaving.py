@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 
 import httpx
-from hicache_canary.canary import WARMUP_TOKENS
+from hicache_canary.probe.canary import WARMUP_TOKENS
 
 PHASES = ("preflight", "metrics", "cold", "pressure", "rehost", "again")
 KINDS = (

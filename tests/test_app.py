@@ -12,12 +12,12 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from hicache_canary.app import create_app
-from hicache_canary.collector import CanaryCollector
-from hicache_canary.config import load_settings
+from hicache_canary.service.app import create_app
+from hicache_canary.service.collector import CanaryCollector
+from hicache_canary.settings.config import load_settings
 from hicache_canary.models import CachedTokens, ErrorReason, Phase, PressureRecord, ProbeRecord, StepRecord, Verdict
-from hicache_canary.next_step import explain
-from hicache_canary.scheduler import Scheduler
+from hicache_canary.service.next_step import explain
+from hicache_canary.service.scheduler import Scheduler
 
 TOKEN = "probe-token-abcdef123456"
 KEY = "sk-sglang-key-987654"

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from canary_proxy import ReshapingProxy
-from hicache_canary.canary import WARMUP_TOKENS, ProgressEvent, run_probe
-from hicache_canary.dp_rotation import DpRankRotation, pinned_rank
+from hicache_canary.probe.canary import WARMUP_TOKENS, ProgressEvent, run_probe
+from hicache_canary.probe.dp_rotation import DpRankRotation, pinned_rank
 from hicache_canary.models import (
     CachedTokens,
     Cause,
@@ -27,7 +27,7 @@ from hicache_canary.models import (
     ServerFacts,
     Verdict,
 )
-from hicache_canary.sglang_client import SGLangClient
+from hicache_canary.probe.sglang_client import SGLangClient
 
 SCALED = ("--enable-hierarchical-cache", "--enable-metrics", "--max-total-tokens", "40000",
           "--hicache-host-tokens", "70958", "--chunked-prefill-size", "4096")

@@ -12,8 +12,8 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.gc_collector import GCCollector
 
-from hicache_canary.collector import CanaryCollector
-from hicache_canary.config import load_settings
+from hicache_canary.service.collector import CanaryCollector
+from hicache_canary.settings.config import load_settings
 from hicache_canary.models import (
     CachedTokens,
     Cause,
@@ -25,9 +25,9 @@ from hicache_canary.models import (
     StepRecord,
     Verdict,
 )
-from hicache_canary.config_reload import ReloadStatus
-from hicache_canary.scheduler import Scheduler
-from hicache_canary.target_state import fold, fresh
+from hicache_canary.service.config_reload import ReloadStatus
+from hicache_canary.service.scheduler import Scheduler
+from hicache_canary.service.target_state import fold, fresh
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -279,7 +279,7 @@ def test_alerting_state_counts_only_conclusive_verdicts():
 
 
 async def test_the_restart_watch_shows_down_errors_and_restarts_between_probes():
-    from hicache_canary.sglang_client import SGLangError
+    from hicache_canary.probe.sglang_client import SGLangError
 
     texts = ['sglang:prompt_tokens_total{is_streaming="false"} 900\n', None, "", 'sglang:prompt_tokens_total{is_streaming="false"} 20\n']
 

@@ -209,7 +209,7 @@ def test_every_long_running_service_has_a_healthcheck():
 
 
 def test_deploy_configs_load_with_the_exporters_config_loader():
-    from hicache_canary.config import ConfigError, load_settings
+    from hicache_canary.settings.config import ConfigError, load_settings
 
     svc = services()
     env = {k: interpolate(str(v)) for k, v in svc["exporter"]["environment"].items()}

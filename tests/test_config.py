@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache_canary.config import ConfigError, load_settings, parse_duration
+from hicache_canary.settings.config import ConfigError, load_settings, parse_duration
 from procs import canary_argv
 
 DATA = Path(__file__).parent / "testdata" / "config"
@@ -171,7 +171,7 @@ def test_a_bad_watch_interval_is_one_line(tmp_path: Path):
 
 def test_docs_list_every_target_knob():
     """docs/configuration.md's target-key table names exactly the knobs a target accepts."""
-    from hicache_canary.target_knobs import KNOBS
+    from hicache_canary.settings.target_knobs import KNOBS
 
     text = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
     table = text.split("## Target keys", 1)[1].split("\n\n", 2)[1]

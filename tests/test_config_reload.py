@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hicache_canary.config import load_settings
-from hicache_canary.config_reload import target_changes
+from hicache_canary.settings.config import load_settings
+from hicache_canary.service.config_reload import target_changes
 
 
 def test_added_removed_changed_and_unchanged_targets():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_canary.continuity import broken_continuity
+from hicache_canary.probe.continuity import broken_continuity
 from hicache_canary.models import CounterSnapshot
 
 SGLANG = frozenset({"num_running_reqs", "evicted_tokens_total"})  # a /metrics from SGLang

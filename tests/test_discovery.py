@@ -14,9 +14,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
-from hicache_canary.config import load_settings
-from hicache_canary.discovery import DockerDiscovery, targets_from_containers
-from hicache_canary.scheduler import Scheduler
+from hicache_canary.settings.config import load_settings
+from hicache_canary.service.discovery import DockerDiscovery, targets_from_containers
+from hicache_canary.service.scheduler import Scheduler
 
 
 def container(cid, name, labels, ports=(), ip="172.18.0.5"):

@@ -25,7 +25,7 @@ EXPECTED_CAUSE = "mamba_state_not_backed_up"
 
 
 def shipped_for(alert: str) -> float:
-    from hicache_canary.config import parse_duration
+    from hicache_canary.settings.config import parse_duration
 
     for group in yaml.safe_load((REPO / "prometheus/rules/hicache-canary.alerts.yml").read_text())["groups"]:
         for rule in group["rules"]:

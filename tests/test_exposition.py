@@ -11,8 +11,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from hicache_canary import exposition
-from hicache_canary.exposition import Exposition
+from hicache_canary.service import exposition
+from hicache_canary.service.exposition import Exposition
 from test_collector import apply, collector, make, silent_record
 
 OPENMETRICS = b"application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"

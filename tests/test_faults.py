@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hicache_canary.canary import run_probe
+from hicache_canary.probe.canary import run_probe
 from hicache_canary.models import ErrorReason, ProbeRecord, ProbeSettings, Verdict
-from hicache_canary.sglang_client import SGLangClient
+from hicache_canary.probe.sglang_client import SGLangClient
 from misbehaving import FaultProxy
 from procs import REPO, Proc, canary_argv, free_port, start_simulator
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hicache_canary.config import ConfigError, Shard, load_settings
-from hicache_canary.discovery import DiscoveryError
-from hicache_canary.prometheus_sd import FileSDDiscovery, targets_from_api, targets_from_groups
-from hicache_canary.scheduler import Scheduler
-from hicache_canary.sharding import owner
+from hicache_canary.settings.config import ConfigError, Shard, load_settings
+from hicache_canary.service.discovery import DiscoveryError
+from hicache_canary.service.prometheus_sd import FileSDDiscovery, targets_from_api, targets_from_groups
+from hicache_canary.service.scheduler import Scheduler
+from hicache_canary.service.sharding import owner
 from procs import Proc, canary_argv, free_port
 from stack import start_prometheus
 

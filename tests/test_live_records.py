@@ -14,8 +14,8 @@ import pytest
 
 from fixtures import SGLANG, sglang_json
 from hicache_canary.models import Phase, Verdict
-from hicache_canary.restarts import restart_reason, snapshot_reading
-from hicache_canary.verdict import decide
+from hicache_canary.probe.restarts import restart_reason, snapshot_reading
+from hicache_canary.probe.verdict import decide
 from live_records import record, records_in_archive
 
 RUNS = sorted((SGLANG / "sglang-0.5.17-live" / "conformance").glob("run-*.tgz"))

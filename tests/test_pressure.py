@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hicache_canary.models import CounterSnapshot, ProbeSettings, ServerFacts
-from hicache_canary.pressure import (
+from hicache_canary.probe.pressure import (
     chunk_tokens,
     clamp_context,
     estimate_probe_tokens,

@@ -13,7 +13,7 @@ import pytest
 
 from fixtures import sglang_json
 from hicache_canary.models import CounterSnapshot, ProbeSettings, ServerFacts
-from hicache_canary.pressure import BUSY, CAP, NO_COUNTER, PROVEN, Move, Next, Progress, next_move, plan_pressure
+from hicache_canary.probe.pressure import BUSY, CAP, NO_COUNTER, PROVEN, Move, Next, Progress, next_move, plan_pressure
 
 S = ProbeSettings(target="t", context_tokens=16_384)
 LIVE = ServerFacts(enable_hierarchical_cache=True, hybrid_model=True, write_policy="write_through", page_size=1,

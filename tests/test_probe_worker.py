@@ -11,18 +11,18 @@ from pathlib import Path
 import pytest
 
 import worker_fakes
-from hicache_canary.config import load_settings
+from hicache_canary.settings.config import load_settings
 from hicache_canary.models import Verdict
-from hicache_canary.probe_work import ProbeFunctions
-from hicache_canary.probe_worker import ProbeProcess, WorkerFailed
-from hicache_canary.scheduler import Scheduler
+from hicache_canary.service.probe_work import ProbeFunctions
+from hicache_canary.service.probe_worker import ProbeProcess, WorkerFailed
+from hicache_canary.service.scheduler import Scheduler
 
 FNS = ProbeFunctions(worker_fakes.probe, worker_fakes.client_factory, worker_fakes.estimate, worker_fakes.metrics_text)
 
 
 @pytest.fixture(autouse=True)
 def importable_fakes(monkeypatch):
-    # The worker imports the fakes by name, as it imports hicache_canary.canary in production.
+    # The worker imports the fakes by name, as it imports hicache_canary.probe.canary in production.
     here = str(Path(__file__).parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
 

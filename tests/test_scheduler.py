@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from hicache_canary.config import load_settings
-from hicache_canary.history import ResultHistory, record_to_dict
+from hicache_canary.settings.config import load_settings
+from hicache_canary.service.history import ResultHistory, record_to_dict
 from hicache_canary.models import CachedTokens, ErrorReason, Phase, ProbeRecord, StepRecord, Verdict
-from hicache_canary.sglang_client import SGLangError
-from hicache_canary.budget import TokenWindow
-from hicache_canary.probe_timing import after_probe_delay, jittered, needs_confirmation, next_delay, next_start, start_offset
-from hicache_canary.scheduler import Scheduler, Trigger
+from hicache_canary.probe.sglang_client import SGLangError
+from hicache_canary.service.budget import TokenWindow
+from hicache_canary.service.probe_timing import after_probe_delay, jittered, needs_confirmation, next_delay, next_start, start_offset
+from hicache_canary.service.scheduler import Scheduler, Trigger
 
 HOUR = 3600.0
 
@@ -624,7 +624,7 @@ async def test_probes_of_many_targets_start_spacing_apart_and_the_cap_holds():
 def test_fold_returns_the_next_state_and_leaves_the_record_and_the_old_state_alone():
     from copy import deepcopy
 
-    from hicache_canary.target_state import after_watch, fold, fresh
+    from hicache_canary.service.target_state import after_watch, fold, fresh
 
     t = targets(1)[0]
     before = fresh(t)
@@ -644,7 +644,7 @@ def test_fold_returns_the_next_state_and_leaves_the_record_and_the_old_state_alo
 
 @pytest.mark.parametrize("need,remaining,runs", [(100, 100, True), (101, 100, False), (1, 0, False), (0, 0, True)])
 def test_the_budget_gate(need, remaining, runs):
-    from hicache_canary.budget import allows, over_budget
+    from hicache_canary.service.budget import allows, over_budget
 
     assert allows(need, remaining) is runs
     t = targets(1)[0]

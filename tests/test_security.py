@@ -23,8 +23,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from hicache_canary.config import load_settings
-from hicache_canary.serve import build
+from hicache_canary.settings.config import load_settings
+from hicache_canary.service.serve import build
 from misbehaving import FaultProxy, Recorder
 from procs import REPO, Proc, canary_argv, free_port, start_simulator
 

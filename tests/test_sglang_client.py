@@ -17,8 +17,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from hicache_canary.models import CachedTokens, ErrorReason
-from hicache_canary.sglang_client import SGLangClient, SGLangError, load_api_key
-from hicache_canary.sglang_responses import parse_server_info
+from hicache_canary.probe.sglang_client import SGLangClient, SGLangError, load_api_key
+from hicache_canary.probe.sglang_responses import parse_server_info
 from procs import free_port
 from fixtures import sglang_text
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hicache_canary.models import CounterSnapshot
-from hicache_canary.sglang_metrics import MAX_ERROR_LEN, MAX_ERRORS, looks_like_router, parse_snapshot
+from hicache_canary.probe.sglang_metrics import MAX_ERROR_LEN, MAX_ERRORS, looks_like_router, parse_snapshot
 from fixtures import sglang_text
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from hicache_canary.models import (
     StepRecord,
     Verdict,
 )
-from hicache_canary.verdict import decide
+from hicache_canary.probe.verdict import decide
 
 L = 40_000
 R = 39_999  # cacheable: page 1, all but the last token

@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 import pytest
 
-from hicache_canary.watch import WatchReading, WatchState, after_probe, delay_after_restart, observe, read_metrics, restarted, watch_period
+from hicache_canary.service.watch import WatchReading, WatchState, after_probe, delay_after_restart, observe, read_metrics, restarted, watch_period
 from fixtures import sglang_text
 
 

@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from hicache_canary.cli import main
 
 sys.exit(main())

@@ -11,14 +11,14 @@ import asyncio
 import importlib
 import sys
 
-from . import __version__
+from hicache_canary import __version__
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("hicache_canary.serve", "run the exporter: scheduled canaries, /metrics, status page"),
-    "probe": ("hicache_canary.probe_cli", "run one reuse canary against an SGLang server and print the table"),
-    "demo": ("hicache_canary.demo", "probe two built-in simulators (write_through vs write_back), or --target"),
+    "serve": ("hicache_canary.service.serve", "run the exporter: scheduled canaries, /metrics, status page"),
+    "probe": ("hicache_canary.commands.probe_cli", "run one reuse canary against an SGLang server and print the table"),
+    "demo": ("hicache_canary.commands.demo", "probe two built-in simulators (write_through vs write_back), or --target"),
     "sim": ("hicache_canary.simulator.cli", "run the SGLang HiCache simulator (SGLang's API and metric names)"),
-    "check-config": ("hicache_canary.config_cli", "validate an exporter config file and exit"),
+    "check-config": ("hicache_canary.commands.config_cli", "validate an exporter config file and exit"),
 }
 
 

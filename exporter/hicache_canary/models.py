@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, make_dataclass
 from enum import Enum
 
-from .target_knobs import PROBE_KNOBS
+from hicache_canary.settings.target_knobs import PROBE_KNOBS
 
 
 class Verdict(str, Enum):
