@@ -111,9 +111,13 @@ class Discovery:
     """One source of targets, reconciled into the scheduler every `refresh_s` seconds."""
 
     source = "?"
+    settings_attr = ""  # the Settings attribute that holds this source's config
     refresh_s = 60.0
 
     def __init__(self, settings: Settings, scheduler: Any, shard: ShardView | None = None):
+        self.cfg = getattr(settings, self.settings_attr)
+        assert self.cfg is not None, f"discovery.{self.source} is not enabled"
+        self.refresh_s = self.cfg.refresh
         self.settings = settings
         self.scheduler = scheduler
         self.shard = shard
@@ -186,13 +190,7 @@ class Discovery:
 
 
 class DockerDiscovery(Discovery):
-    source = "docker"
-
-    def __init__(self, settings: Settings, scheduler: Any, shard: ShardView | None = None):
-        assert settings.docker is not None
-        super().__init__(settings, scheduler, shard)
-        self.cfg = settings.docker
-        self.refresh_s = self.cfg.refresh
+    source = settings_attr = "docker"
 
     def list_containers(self) -> list[dict[str, Any]]:
         import docker

@@ -122,13 +122,10 @@ def _log_skipped(skipped: list[str], already: set[str]) -> set[str]:
 
 
 class PrometheusDiscovery(Discovery):
-    source = "prometheus"
+    source, settings_attr = "prometheus", "prometheus_sd"
 
     def __init__(self, settings: Settings, scheduler: Any, shard: ShardView | None = None):
-        assert settings.prometheus_sd is not None
         super().__init__(settings, scheduler, shard)
-        self.cfg = settings.prometheus_sd
-        self.refresh_s = self.cfg.refresh
         self._skipped: set[str] = set()
         self._warned_empty = False
 
@@ -159,13 +156,10 @@ class PrometheusDiscovery(Discovery):
 
 
 class FileSDDiscovery(Discovery):
-    source = "file_sd"
+    source = settings_attr = "file_sd"
 
     def __init__(self, settings: Settings, scheduler: Any, shard: ShardView | None = None):
-        assert settings.file_sd is not None
         super().__init__(settings, scheduler, shard)
-        self.cfg = settings.file_sd
-        self.refresh_s = self.cfg.refresh
         self._good: dict[str, list[Found]] = {}  # file -> its targets at its last good read
         self._skipped: set[str] = set()
 
