@@ -94,3 +94,17 @@ def start_simulator(*flags: str, port: int | None = None, name: str = "sim", tim
     """The simulator answering /health, through the launcher demo and bench use; its log kept as an artifact."""
     sim = start_sim(flags, ports=[port] if port else (), time_scale=time_scale, name=name, log_path=artifact_log(name))
     return sim, sim.url
+
+
+def wait_for(cond, timeout: float, what: str, every: float = 0.05, proc=None):
+    """Poll `cond` until it returns something true (returned) or `timeout` seconds pass (AssertionError
+    naming `what`, the last value, and the tail of `proc`'s log when given)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(every)
+    tail = f"\n{proc.log()[-3000:]}" if proc is not None else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r}){tail}")

@@ -8,7 +8,6 @@ and `hicache-canary serve` as its own process reading Prometheus's /api/v1/targe
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
@@ -19,6 +18,7 @@ from hicache_canary.service.discovery import DiscoveryError
 from hicache_canary.service.prometheus_sd import FileSDDiscovery, targets_from_api, targets_from_groups
 from hicache_canary.service.scheduler import Scheduler
 from hicache_canary.service.sharding import owner
+import procs
 from procs import Proc, canary_argv, free_port
 from stack import start_prometheus
 
@@ -174,14 +174,7 @@ def names(url: str) -> set[str]:
 
 
 def wait_for(cond, timeout: float, what: str, proc: Proc | None = None):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what} (last: {last})\n{proc.log()[-3000:] if proc else ''}")
+    return procs.wait_for(cond, timeout, what, every=0.2, proc=proc)
 
 
 def write_sd(path: Path, ports: list[int]) -> None:

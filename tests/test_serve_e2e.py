@@ -21,7 +21,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from procs import ARTIFACTS, Proc, canary_argv, free_port, require_binary, start_simulator
+from procs import ARTIFACTS, Proc, canary_argv, free_port, require_binary, start_simulator, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -61,15 +61,6 @@ def val(m: dict, name: str, **labels) -> float | None:
     return m.get((name, frozenset(labels.items())))
 
 
-def wait_for(cond, timeout: float, what: str, every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 def sim_state(url: str) -> dict:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from procs import canary_argv, start_simulator
+from procs import canary_argv, start_simulator, wait_for
 from test_simulator_metrics import FIXTURES
 
 SCALE = 0.05  # a 40K cold prefill takes ~0.8 s of wall time, well above HTTP/JSON costs on a busy CI core
@@ -57,13 +57,7 @@ def _metric(c: httpx.Client, name: str, **labels) -> float | None:
 
 
 def _wait(pred, what: str, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(pred, timeout, what, every=0.02)
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
