@@ -12,33 +12,25 @@ import dataclasses
 import pytest
 
 from fixtures import sglang_json
-from hicache_canary.models import CounterSnapshot, ProbeSettings, ServerFacts
+from live_records import record
+from hicache_canary.models import CounterSnapshot, Phase, ProbeSettings, ServerFacts
 from hicache_canary.probe.pressure import BUSY, CAP, NO_COUNTER, PROVEN, Move, Next, Progress, next_move, plan_pressure
 
 S = ProbeSettings(target="t", context_tokens=16_384)
 LIVE = ServerFacts(enable_hierarchical_cache=True, hybrid_model=True, write_policy="write_through", page_size=1,
                    chunked_prefill_size=2048, max_total_num_tokens=40_000, max_req_input_len=32_762)
-FIELDS = {f.name for f in dataclasses.fields(CounterSnapshot)}
-
-
-def snapshot(d: dict) -> CounterSnapshot:
-    kept = {k: v for k, v in d.items() if k in FIELDS}
-    kept["families"] = frozenset(kept.get("families", ()))
-    kept["parse_errors"] = tuple(kept.get("parse_errors", ()))
-    return CounterSnapshot(**kept)
 
 
 def live_probe(name: str) -> dict[str, CounterSnapshot]:
-    rec = sglang_json(f"sglang-0.5.17-live/consecutive-probes/{name}")
-    steps = {s["phase"]: s for s in rec["steps"]}
-    return {"planted": snapshot(steps["cold"]["after"]), "after_pressure": snapshot(steps["pressure"]["after"])}
+    rec = record(sglang_json(f"sglang-0.5.17-live/consecutive-probes/{name}"))
+    return {"planted": rec.step(Phase.COLD).after, "after_pressure": rec.step(Phase.PRESSURE).after}
 
 
-@pytest.mark.parametrize("record", ["probe_write_through_second.json", "probe_write_through_small_host_second.json"])
-def test_live_write_through_the_old_stop_point_is_not_proof(record) -> None:
+@pytest.mark.parametrize("name", ["probe_write_through_second.json", "probe_write_through_small_host_second.json"])
+def test_live_write_through_the_old_stop_point_is_not_proof(name) -> None:
     """The old canary stopped here and called it confirmed (evicted +22,028 against a target of
     22,016); R then came back 14,336 tokens from device. Now it sends more filler instead."""
-    snaps = live_probe(record)
+    snaps = live_probe(name)
     plan = plan_pressure(S, LIVE, snaps["planted"], 16_384)
     assert plan.need_tokens == 40_000  # R's locked 16,384 tokens are counted
     assert plan.evict_target == 40_000 - snaps["planted"].kv_available_tokens

@@ -20,18 +20,16 @@ from hicache_canary.models import CachedTokens, ErrorReason
 from hicache_canary.probe.sglang_client import SGLangClient, SGLangError, load_api_key
 from hicache_canary.probe.sglang_responses import parse_server_info
 from procs import free_port
-from fixtures import sglang_text
+from fixtures import sglang_json, sglang_text
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "sk-canary-SECRET-4f9a1c"
 
 
-def fixture(rel: str) -> str:
-    return sglang_text(rel)
+fixture = sglang_text
 
 
-def fixture_json(rel: str):
-    return json.loads(fixture(rel))
+fixture_json = sglang_json
 
 
 GEN = "sglang-0.5.23/generate_response_examples.json"

@@ -18,8 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 TESTDATA = Path(__file__).parent / "testdata" / "metrics"
 
 
-def fixture(rel: str) -> str:
-    return sglang_text(rel)
+fixture = sglang_text
 
 
 def test_0523_write_through_silent_reads_one_tp_rank_and_leaves_load_back_absent():

@@ -223,12 +223,7 @@ class _Probe:
 
     async def warm_up(self) -> None:
         self.emit(Phase.WARMUP, "first request of a fresh server: warming its kernels up before R")
-        step = StepRecord(Phase.WARMUP, before=self.first)
-        self.rec.steps.append(step)
-        res = await self.send(None, WARMUP_TOKENS)
-        step.latency_s, step.prompt_tokens, step.requests = res.latency_s, res.prompt_tokens, 1
-        step.cached_tokens, step.cached = res.cached_tokens, _tiers(res)
-        step.after = await self.snap()
+        step = await self.one_request(Phase.WARMUP, self.first, None, WARMUP_TOKENS)
         # R's cold and the server's turnover rate are measured from here, without the warm-up in them.
         self.first, self.t_first = step.after, time.monotonic()
 
@@ -261,20 +256,26 @@ class _Probe:
 
     async def send_r(self, phase: Phase, before: CounterSnapshot | None) -> StepRecord:
         self.emit(phase, "sending R")
-        step = StepRecord(phase, before=before)
-        self.rec.steps.append(step)
         # The prime must make SGLang insert R again (its hit count grows while an insert walks R's
         # nodes). On a hybrid model R already matches to its last Mamba state, one token short of
         # its end, and an extension shorter than a checkpoint grain inserts nothing: so the prime
         # is R plus one grain of fresh tokens, a child of R that LRU evicts before R itself.
         tail = prime_tail(self.facts) if phase == Phase.PRIME else 0
-        res = await self.send(self.r_ids, len(self.r_ids), tail)
+        step = await self.one_request(phase, before, self.r_ids, len(self.r_ids), tail)
+        if phase == Phase.COLD:
+            self.rec.context_tokens = step.prompt_tokens
+        self.emit(phase, f"{step.latency_s:.2f} s")
+        return step
+
+    async def one_request(self, phase: Phase, before: CounterSnapshot | None, ids: list[int] | None, tokens: int,
+                          tail: int = 0) -> StepRecord:
+        """A step of one request (`send`'s arguments), recorded with the counters after it."""
+        step = StepRecord(phase, before=before)
+        self.rec.steps.append(step)
+        res = await self.send(ids, tokens, tail)
         step.latency_s, step.prompt_tokens, step.requests = res.latency_s, res.prompt_tokens, 1
         step.cached_tokens, step.cached = res.cached_tokens, _tiers(res)
-        if phase == Phase.COLD:
-            self.rec.context_tokens = res.prompt_tokens
         step.after = await self.snap()
-        self.emit(phase, f"{res.latency_s:.2f} s")
         return step
 
     # --- pressure ------------------------------------------------------------------------
@@ -324,7 +325,7 @@ class _Probe:
             step.requests += 1
             now = await self.snap()
             self.emit(Phase.PRESSURE, f"filler {pr.chunks}")
-        pr.eviction_confirmed = planted is not None and eviction_confirmed(planted, now, plan)
+        pr.eviction_confirmed = eviction_confirmed(planted, now, plan)
         # Only the server's own traffic: net allocations since R was planted minus our filler.
         pr.passive_tokens = int(max(0.0, min(plan.need_tokens, turnover(planted, now) or 0.0) - pr.synthetic_tokens))
         step.prompt_tokens = pr.synthetic_tokens
